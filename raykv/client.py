@@ -1,0 +1,64 @@
+"""A small blocking client over any tier: store / load by keys and primary slots.
+
+This is what non-vLLM engines, tools, benchmarks and tests use; the engine
+path itself (vLLM) drives tiers step by step without ever blocking.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from raykv.contract import JobResult, LookupResult, ReqContext, SecondaryTier, TransferJob
+from raykv.keys import OffloadKey
+
+_job_ids = itertools.count(1_000_000)
+
+
+class TierDriver:
+    """Runs one job at a time on ``tier`` and waits for its result."""
+
+    def __init__(self, tier: SecondaryTier, req_id: str = "raykv-client") -> None:
+        self.tier = tier
+        self.req = ReqContext(req_id)
+        self._stash: dict[int, JobResult] = {}
+
+    def _wait(self, job_id: int, timeout: float) -> JobResult:
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in self.tier.get_finished_jobs():
+                self._stash[r.job_id] = r
+            if job_id in self._stash:
+                return self._stash.pop(job_id)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} did not finish within {timeout}s")
+            self.tier.on_schedule_end()
+            time.sleep(0.0005)
+
+    def _job(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], promotion: bool) -> TransferJob:
+        if len(keys) != len(chunk_ids):
+            raise ValueError(f"{len(keys)} keys but {len(chunk_ids)} chunk ids")
+        return TransferJob(next(_job_ids), list(keys), np.asarray(chunk_ids, dtype=np.int64), promotion, self.req)
+
+    def store(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
+        job = self._job(keys, chunk_ids, False)
+        self.tier.submit_store(job)
+        return self._wait(job.job_id, timeout)
+
+    def load(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
+        job = self._job(keys, chunk_ids, True)
+        self.tier.submit_load(job)
+        return self._wait(job.job_id, timeout)
+
+    def lookup(self, keys: Sequence[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
+        """Resolve each key, stepping the tier until no answer is RETRY."""
+        deadline = time.monotonic() + timeout
+        while True:
+            results = [self.tier.lookup(k, self.req) for k in keys]
+            if LookupResult.RETRY not in results or time.monotonic() > deadline:
+                return results
+            self.tier.on_schedule_end()
+            time.sleep(0.0005)

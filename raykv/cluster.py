@@ -1,0 +1,174 @@
+"""Start or attach to raykv's services on a Ray cluster (idempotent)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import ray
+
+from raykv import naming
+from raykv.config import RaykvConfig
+from raykv.directory.client import DirectoryClient, LookupCache, PolicyCache
+from raykv.directory.control import ControlActor
+from raykv.directory.shard import DirectoryShard
+from raykv.errors import RaykvError
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_attached: dict[tuple[str, str], "RaykvServices"] = {}
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to a running Ray cluster unless this process already is connected."""
+    if ray.is_initialized():
+        return
+    target = address or "auto"
+    try:
+        ray.init(address=target, log_to_driver=False)
+    except ConnectionError as e:
+        raise RaykvError(
+            f"no Ray cluster reachable at address={target!r}: start one with "
+            "`ray start --head` (or `ray up`), or pass the cluster's address"
+        ) from e
+
+
+def _session_key(namespace: str) -> tuple[str, str]:
+    return namespace, ray.get_runtime_context().gcs_address
+
+
+def _get_actor(name: str, namespace: str) -> Any | None:
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def _named(cls: Any, name: str, namespace: str, *args: Any) -> Any:
+    return cls.options(
+        name=name, namespace=namespace, lifetime="detached", get_if_exists=True
+    ).remote(*args)
+
+
+class RaykvServices:
+    """Handles to one namespace's raykv services, shared within a process."""
+
+    def __init__(self, config: RaykvConfig, control: Any, shards: list[Any]) -> None:
+        self.config = config
+        self.namespace = config.namespace
+        self.control = control
+        self.directory = DirectoryClient(shards)
+        self.lookup_cache = LookupCache(self.directory, ttl_s=config.lookup_ttl_s)
+        self._policy: PolicyCache | None = None
+
+    @property
+    def policy(self) -> PolicyCache:
+        """The policy-rule cache (its background refresh starts on first use)."""
+        if self._policy is None:
+            self._policy = PolicyCache(self.control, self.config.policy_refresh_s)
+        return self._policy
+
+    @staticmethod
+    def node_id() -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def add_rule(self, rule: dict[str, Any]) -> int:
+        """Register a policy rule at the directory; returns the rules version."""
+        return ray.get(self.control.add_rule.remote(rule))
+
+    def remove_rule(self, name: str) -> int:
+        return ray.get(self.control.remove_rule.remote(name))
+
+    def holders(self) -> list[dict[str, Any]]:
+        return ray.get(self.control.holders.remote())
+
+    def start_tier_services(self, tier_config: dict[str, Any], where: str = "tier") -> None:
+        """Start the actors a tier config needs (per-node actors, fs root actor)."""
+        from raykv.factory import TierFactory
+
+        tier_cls, options = TierFactory.parse(tier_config, where)
+        start = getattr(tier_cls, "start_services", None)
+        if start is not None:
+            start(self, options)
+
+    def shutdown(self) -> None:
+        """Kill every raykv actor of this namespace (their blocks go with them)."""
+        holders = self.holders()
+        for info in holders:
+            actor = _get_actor(info["actor_name"], self.namespace)
+            if actor is not None:
+                ray.kill(actor)
+        for shard in self.directory.shards:
+            ray.kill(shard)
+        ray.kill(self.control)
+        if self._policy is not None:
+            self._policy.close()
+        with _lock:
+            _attached.pop(_session_key(self.namespace), None)
+
+
+def start(
+    config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None
+) -> RaykvServices:
+    """Start raykv's services (or reuse running ones) and the configured tiers."""
+    if not isinstance(config, RaykvConfig):
+        config = RaykvConfig.from_dict(config)
+    ensure_ray(address)
+    ns = config.namespace
+    control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config.to_dict())
+    running = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    if running.directory_shards != config.directory_shards:
+        logger.warning(
+            "raykv already runs in namespace %r with %d directory shards; keeping them",
+            ns,
+            running.directory_shards,
+        )
+    shards = [
+        _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards)
+        for i in range(running.directory_shards)
+    ]
+    ray.get([s.ping.remote() for s in shards])
+    services = RaykvServices(running, control, shards)
+    with _lock:
+        _attached[_session_key(ns)] = services
+    for i, tier in enumerate(config.tiers):
+        services.start_tier_services(tier, f"tiers[{i}]")
+    return services
+
+
+def attach(
+    namespace: str = naming.DEFAULT_NAMESPACE,
+    *,
+    address: str | None = None,
+    start_if_missing: bool = False,
+) -> RaykvServices:
+    """Connect to the raykv services running in ``namespace``.
+
+    With ``start_if_missing`` a default raykv is started when none runs (what
+    engine replicas do); otherwise a missing raykv is an error.
+    """
+    ensure_ray(address)
+    key = _session_key(namespace)
+    with _lock:
+        if key in _attached:
+            return _attached[key]
+    control = _get_actor(naming.CONTROL_ACTOR, namespace)
+    if control is None:
+        if start_if_missing:
+            return start({"namespace": namespace})
+        raise RaykvError(
+            f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` "
+            "(or raykv.start()) first"
+        )
+    config = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    shards = []
+    for i in range(config.directory_shards):
+        shard = _get_actor(naming.directory_shard(i), namespace)
+        if shard is None:
+            shard = _named(DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards)
+        shards.append(shard)
+    services = RaykvServices(config, control, shards)
+    with _lock:
+        return _attached.setdefault(key, services)

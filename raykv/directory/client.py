@@ -1,0 +1,295 @@
+"""Engine-side access to the directory: batched, and never blocking the scheduler.
+
+- ``DirectoryClient``: batched register / unregister / lookup, split per shard
+  (one actor call per shard per batch).
+- ``LookupCache``: per-key answers for tiers' ``lookup``; unknown keys return
+  RETRY, are sent in one batch at ``flush`` (end of the scheduler step) and
+  resolved by the next step.
+- ``PolicyCache``: the policy rules, refreshed by a background long poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from raykv.contract import ReqContext, RequestOffloadingContext
+from raykv.directory.holders import HolderInfo, preference
+from raykv.keys import shard_of
+from raykv.policy import PolicyRule, decide
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefixHit:
+    """How many leading keys the cluster holds, and the best holder of each."""
+
+    num_keys: int
+    holders: list[HolderInfo]
+
+
+class PendingLookup:
+    """An in-flight batched lookup (one call per shard)."""
+
+    def __init__(self, keys: list[bytes], parts: list[tuple[list[int], ray.ObjectRef]]) -> None:
+        self.keys = keys
+        self.parts = parts
+        self.sent_at = time.monotonic()
+
+    def done(self) -> bool:
+        refs = [ref for _, ref in self.parts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        return len(ready) == len(refs)
+
+    def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
+        """Holders of each key (empty list: nobody)."""
+        out: list[list[HolderInfo]] = [[] for _ in self.keys]
+        answers = ray.get([ref for _, ref in self.parts], timeout=timeout)
+        for (positions, _), (slots, table) in zip(self.parts, answers):
+            holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
+            for pos, v in zip(positions, slots):
+                if v is None:
+                    continue
+                out[pos] = [holders[v]] if isinstance(v, int) else [holders[s] for s in v]
+        return out
+
+
+class DirectoryClient:
+    """Talks to the ``num_shards`` directory shard actors of one namespace."""
+
+    def __init__(self, shards: Sequence[Any]) -> None:
+        if not shards:
+            raise ValueError("a directory needs at least one shard")
+        self.shards = list(shards)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def _split(self, keys: Sequence[bytes]) -> list[tuple[list[int], list[bytes]]]:
+        n = len(self.shards)
+        positions: list[list[int]] = [[] for _ in range(n)]
+        parts: list[list[bytes]] = [[] for _ in range(n)]
+        for i, key in enumerate(keys):
+            s = shard_of(key, n)
+            positions[s].append(i)
+            parts[s].append(bytes(key))
+        return list(zip(positions, parts))
+
+    # -- holders ---------------------------------------------------------
+    def add_holder(self, info: HolderInfo, handle: Any) -> list[ray.ObjectRef]:
+        """Announce a holder (and its actor, which every shard watches)."""
+        return [s.add_holder.remote(info.to_dict(), handle) for s in self.shards]
+
+    def remove_holder(self, holder_id: str, reason: str = "removed") -> list[ray.ObjectRef]:
+        return [s.remove_holder.remote(holder_id, reason) for s in self.shards]
+
+    # -- keys --------------------------------------------------------------
+    def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
+        return [
+            self.shards[i].register.remote(holder_id, part)
+            for i, (_, part) in enumerate(self._split(keys))
+            if part
+        ]
+
+    def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
+        return [
+            self.shards[i].unregister.remote(holder_id, part)
+            for i, (_, part) in enumerate(self._split(keys))
+            if part
+        ]
+
+    def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
+        keys = [bytes(k) for k in keys]
+        parts = [
+            (pos, self.shards[i].lookup.remote(part))
+            for i, (pos, part) in enumerate(self._split(keys))
+            if part
+        ]
+        return PendingLookup(keys, parts)
+
+    def lookup(self, keys: Sequence[bytes], timeout: float | None = 30.0) -> list[list[HolderInfo]]:
+        """Blocking lookup (tools and tests; engines use ``LookupCache``)."""
+        return self.lookup_async(keys).result(timeout)
+
+    def prefix_lookup(
+        self, keys: Sequence[bytes], node_id: str | None = None, timeout: float | None = 30.0
+    ) -> PrefixHit:
+        """Leading keys held anywhere, each with its preferred holder:
+        this node's plasma, then shared storage, then another node's plasma."""
+        found = self.lookup(keys, timeout)
+        best: list[HolderInfo] = []
+        for holders in found:
+            if not holders:
+                break
+            best.append(min(holders, key=lambda h: preference(h, node_id)))
+        return PrefixHit(len(best), best)
+
+    def stats(self, timeout: float | None = 30.0) -> list[dict[str, Any]]:
+        return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
+
+
+class LookupCache:
+    """Non-blocking per-key directory answers for one engine process.
+
+    ``get`` returns the holders of a key when a fresh answer is known, else
+    None; ``request`` queues the key; ``flush`` sends all queued keys as one
+    batched lookup; ``poll`` absorbs finished lookups. An answer that does not
+    come within ``max_wait_s`` counts as "nobody holds it" (a miss is safe).
+    """
+
+    def __init__(self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0) -> None:
+        self.client = client
+        self.ttl_s = ttl_s
+        self.max_wait_s = max_wait_s
+        self._lock = threading.Lock()
+        self._answers: dict[bytes, tuple[float, list[HolderInfo]]] = {}
+        self._queued: dict[bytes, None] = {}
+        self._in_flight: dict[bytes, PendingLookup] = {}
+        self._pending: list[PendingLookup] = []
+        self.lookups_sent = 0
+
+    def get(self, key: bytes) -> list[HolderInfo] | None:
+        with self._lock:
+            answer = self._answers.get(key)
+            if answer is None:
+                return None
+            at, holders = answer
+            if time.monotonic() - at > self.ttl_s:
+                del self._answers[key]
+                return None
+            return holders
+
+    def request(self, key: bytes) -> None:
+        with self._lock:
+            if key not in self._in_flight:
+                self._queued[key] = None
+
+    def has_pending(self) -> bool:
+        with self._lock:
+            return bool(self._queued or self._pending)
+
+    def flush(self) -> None:
+        """Send every queued key in one batched lookup (one call per shard)."""
+        with self._lock:
+            if not self._queued:
+                return
+            keys = list(self._queued)
+            self._queued.clear()
+        try:
+            pending = self.client.lookup_async(keys)
+        except Exception as e:  # directory unreachable: answer "nobody"
+            logger.warning("directory lookup failed to send: %r", e)
+            self._answer(keys, [[] for _ in keys])
+            return
+        with self._lock:
+            self.lookups_sent += 1
+            self._pending.append(pending)
+            for k in keys:
+                self._in_flight[k] = pending
+
+    def poll(self) -> None:
+        """Absorb finished lookups without blocking."""
+        with self._lock:
+            pending = list(self._pending)
+        for p in pending:
+            try:
+                if p.done():
+                    answers = p.result(timeout=0)
+                elif time.monotonic() - p.sent_at > self.max_wait_s:
+                    logger.warning("directory lookup of %d keys timed out", len(p.keys))
+                    answers = [[] for _ in p.keys]
+                else:
+                    continue
+            except Exception as e:  # a shard died mid-lookup: treat as misses
+                logger.warning("directory lookup failed: %r", e)
+                answers = [[] for _ in p.keys]
+            with self._lock:
+                self._pending.remove(p)
+                for k in p.keys:
+                    if self._in_flight.get(k) is p:
+                        del self._in_flight[k]
+            self._answer(p.keys, answers)
+
+    def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for k, holders in zip(keys, answers):
+                self._answers[k] = (now, holders)
+
+    def wait(self, timeout: float = 10.0) -> None:
+        """Flush and block until every queued key is answered (tools and tests)."""
+        self.flush()
+        deadline = time.monotonic() + timeout
+        while self.has_pending() and time.monotonic() < deadline:
+            self.poll()
+            if self.has_pending():
+                time.sleep(0.001)
+
+    def note_stored(self, keys: Sequence[bytes], holder: HolderInfo) -> None:
+        """Record that ``holder`` now holds ``keys`` (our own stores)."""
+        now = time.monotonic()
+        with self._lock:
+            for k in keys:
+                _, holders = self._answers.get(k, (now, []))
+                if holder not in holders:
+                    holders = [*holders, holder]
+                self._answers[k] = (now, holders)
+
+    def invalidate(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            for k in keys:
+                self._answers.pop(k, None)
+
+
+class PolicyCache:
+    """The namespace's policy rules, kept fresh by a background long poll.
+
+    ``decide`` answers from memory: no directory call per request.
+    """
+
+    def __init__(self, control: Any, refresh_s: float = 5.0) -> None:
+        self._control = control
+        self.refresh_s = refresh_s
+        self.version = -1
+        self.rules: list[PolicyRule] = []
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raykv-policy-refresh", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                version, raw = ray.get(
+                    self._control.wait_rules.remote(self.version, self.refresh_s),
+                    timeout=self.refresh_s + 30,
+                )
+                if version != self.version:
+                    rules = [PolicyRule.from_dict(r) for r in raw]
+                    with self._changed:
+                        self.version, self.rules = version, rules
+                        self._changed.notify_all()
+            except Exception as e:
+                if self._stop.is_set() or not ray.is_initialized():
+                    return
+                logger.debug("policy refresh failed: %r", e)
+                self._stop.wait(min(self.refresh_s, 1.0))
+
+    def decide(self, tier_type: str, req: ReqContext) -> RequestOffloadingContext:
+        return decide(self.rules, tier_type, req)
+
+    def wait_version(self, version: int, timeout: float = 10.0) -> bool:
+        """Block until the cache holds rules of at least ``version`` (tests, tools)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.version >= version, timeout)
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,90 @@
+"""The control actor: raykv's config, policy rules and holder list for one namespace."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import ray
+
+from raykv.policy import PolicyRule
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class ControlActor:
+    """Named ``raykv-control``: the source of truth engines attach to."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self._rules: dict[str, dict[str, Any]] = {}
+        self._version = 0
+        self._changed = asyncio.Event()
+        self._holders: dict[str, dict[str, Any]] = {}
+        self.calls: Counter[str] = Counter()
+        for i, raw in enumerate(config.get("rules", [])):
+            rule = PolicyRule.from_dict(raw, f"rules[{i}]")
+            self._rules[rule.name or f"rule-{i}"] = rule.to_dict()
+        if self._rules:
+            self._version = 1
+
+    def __repr__(self) -> str:
+        return (
+            f"RaykvControl(shards={self._config.get('directory_shards')}, "
+            f"holders={len(self._holders)}, rules={len(self._rules)} v{self._version})"
+        )
+
+    async def config(self) -> dict[str, Any]:
+        self.calls["config"] += 1
+        return self._config
+
+    async def add_rule(self, raw: dict[str, Any]) -> int:
+        """Add (or replace, by name) a policy rule; returns the new rules version."""
+        self.calls["add_rule"] += 1
+        rule = PolicyRule.from_dict(raw)
+        name = rule.name or f"rule-{len(self._rules)}"
+        self._rules[name] = {**rule.to_dict(), "name": name}
+        return self._bump()
+
+    async def remove_rule(self, name: str) -> int:
+        self.calls["remove_rule"] += 1
+        if self._rules.pop(name, None) is not None:
+            return self._bump()
+        return self._version
+
+    def _bump(self) -> int:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return self._version
+
+    async def rules(self) -> tuple[int, list[dict[str, Any]]]:
+        self.calls["rules"] += 1
+        return self._version, list(self._rules.values())
+
+    async def wait_rules(self, known_version: int, timeout_s: float) -> tuple[int, list[dict[str, Any]]]:
+        """Long poll: return when the rules differ from ``known_version`` or after ``timeout_s``."""
+        self.calls["wait_rules"] += 1
+        if known_version == self._version:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        return self._version, list(self._rules.values())
+
+    async def add_holder(self, info: dict[str, Any]) -> None:
+        self.calls["add_holder"] += 1
+        self._holders[info["holder_id"]] = info
+
+    async def remove_holder(self, holder_id: str) -> None:
+        self.calls["remove_holder"] += 1
+        self._holders.pop(holder_id, None)
+
+    async def holders(self) -> list[dict[str, Any]]:
+        return list(self._holders.values())
+
+    async def stats(self) -> dict[str, Any]:
+        return {"calls": dict(self.calls), "rules_version": self._version, "holders": len(self._holders)}
+
+    async def ping(self) -> bool:
+        return True

@@ -1,0 +1,80 @@
+"""Job bookkeeping shared by tiers: exactly one ``JobResult`` per submitted job."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Collection
+
+from raykv.contract import JobResult, TransferJob
+from raykv.keys import OffloadKey
+
+logger = logging.getLogger(__name__)
+
+
+class JobTracker:
+    """Thread-safe registry of in-flight jobs and their finished results.
+
+    ``begin`` a job when it is submitted; ``finish`` it exactly once from
+    whatever thread completes it. A second ``finish`` for the same job is
+    dropped (and logged), so a tier can never report a job twice.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending: dict[int, TransferJob] = {}
+        self._done: deque[JobResult] = deque()
+
+    def begin(self, job: TransferJob) -> None:
+        with self._cond:
+            if job.job_id in self._pending:
+                raise ValueError(f"job {job.job_id} is already in flight")
+            self._pending[job.job_id] = job
+
+    def finish(self, result: JobResult) -> bool:
+        """Queue ``result``; False if its job was not in flight (dropped)."""
+        with self._cond:
+            job = self._pending.pop(result.job_id, None)
+            if job is None:
+                logger.warning("dropping second result for job %s", result.job_id)
+                return False
+            if result.transfer_time is None:
+                result.transfer_time = time.monotonic() - job.submit_time
+            self._done.append(result)
+            self._cond.notify_all()
+            return True
+
+    def succeed(self, job: TransferJob, transfer_bytes: int | None = None) -> bool:
+        return self.finish(JobResult(job.job_id, True, transfer_bytes=transfer_bytes))
+
+    def fail(
+        self,
+        job: TransferJob,
+        error: str,
+        successful_keys: Collection[OffloadKey] | None = None,
+    ) -> bool:
+        keys = None if successful_keys is None else list(successful_keys)
+        return self.finish(JobResult(job.job_id, False, successful_keys=keys, error=error))
+
+    def take(self) -> list[JobResult]:
+        """Pop every finished result."""
+        with self._cond:
+            out = list(self._done)
+            self._done.clear()
+            return out
+
+    def pending(self) -> list[TransferJob]:
+        with self._cond:
+            return list(self._pending.values())
+
+    @property
+    def num_pending(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no job is in flight; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._pending, timeout)

@@ -1,0 +1,100 @@
+"""Offload keys: prefix-chained block hashes plus a group index.
+
+An ``OffloadKey`` is ``block_hash + group_idx.to_bytes(4, "big")``, the same
+layout vLLM uses (``vllm.v1.kv_offload.base.make_offload_key``). A block's hash
+covers its parent's hash, its token ids and any extra keys (a per-tenant
+``cache_salt``, multimodal hashes...), so equal keys mean equal KV everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable, Sequence
+from typing import NewType
+
+OffloadKey = NewType("OffloadKey", bytes)
+
+GROUP_IDX_BYTES = 4
+#: Hash of the (virtual) parent of a request's first block.
+ROOT_HASH = hashlib.sha256(b"raykv-root").digest()
+
+
+def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
+    """Join a block hash and a KV-cache group index into an offload key."""
+    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
+
+
+def key_block_hash(key: bytes) -> bytes:
+    """The block-hash part of an offload key."""
+    return bytes(key[:-GROUP_IDX_BYTES])
+
+
+def key_group_idx(key: bytes) -> int:
+    """The group-index part of an offload key."""
+    return int.from_bytes(key[-GROUP_IDX_BYTES:], "big")
+
+
+def validate_key(key: object) -> bytes:
+    """Return ``key`` as bytes, or raise ``ValueError`` for a malformed key."""
+    if not isinstance(key, (bytes, bytearray, memoryview)):
+        raise ValueError(f"offload key must be bytes, got {type(key).__name__}")
+    key = bytes(key)
+    if len(key) <= GROUP_IDX_BYTES or len(key) > 256:
+        raise ValueError(
+            f"offload key must be 5..256 bytes (hash + 4-byte group index), got {len(key)}"
+        )
+    return key
+
+
+def _encode_extra(extra: object) -> bytes:
+    if isinstance(extra, bytes):
+        return b"b" + extra
+    if isinstance(extra, str):
+        return b"s" + extra.encode()
+    if isinstance(extra, int):
+        return b"i" + str(extra).encode()
+    if isinstance(extra, (tuple, list)):
+        return b"t" + b"".join(struct.pack(">I", len(e)) + e for e in map(_encode_extra, extra))
+    raise TypeError(f"unsupported extra key type {type(extra).__name__}")
+
+
+def hash_block(
+    parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: Iterable[object] = ()
+) -> bytes:
+    """SHA-256 of (parent hash, token ids, extra keys): one block's chained hash."""
+    h = hashlib.sha256(parent_hash if parent_hash is not None else ROOT_HASH)
+    h.update(struct.pack(">I", len(token_ids)))
+    h.update(struct.pack(f">{len(token_ids)}q", *token_ids))
+    for extra in extra_keys:
+        enc = _encode_extra(extra)
+        h.update(struct.pack(">I", len(enc)) + enc)
+    return h.digest()
+
+
+def prefix_keys(
+    token_ids: Sequence[int],
+    block_size: int,
+    *,
+    salt: str | None = None,
+    group_idx: int = 0,
+) -> list[OffloadKey]:
+    """Offload keys of every full block of ``token_ids``.
+
+    ``salt`` (vLLM's ``cache_salt``) is mixed into the first block only; since
+    hashes are chained, every later key differs too, so tenants never share KV.
+    """
+    if block_size <= 0:
+        raise ValueError(f"block_size must be > 0, got {block_size}")
+    keys: list[OffloadKey] = []
+    parent: bytes | None = None
+    for i in range(len(token_ids) // block_size):
+        extra = (salt,) if (i == 0 and salt is not None) else ()
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
+        keys.append(make_offload_key(parent, group_idx))
+    return keys
+
+
+def shard_of(key: bytes, num_shards: int) -> int:
+    """Directory shard owning ``key`` (block hashes are uniform: use their head)."""
+    return int.from_bytes(key[:8], "big") % num_shards

@@ -1,0 +1,55 @@
+"""Shared fixtures: a real local Ray per test module."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+
+# Keep Ray's own chatter and usage reporting out of test runs.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", help="run the long soak tests")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+        if "soak" in item.keywords and not config.getoption("--soak"):
+            item.add_marker(pytest.mark.skip(reason="opt-in: --soak"))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A fresh single-node local Ray for the module."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=4,
+        object_store_memory=512 * 1024 * 1024,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def raykv_services(ray_local):
+    """raykv started on the module's local Ray (2 directory shards)."""
+    import raykv
+
+    services = raykv.start({"namespace": "raykv-test", "directory_shards": 2})
+    yield services
+    services.shutdown()

@@ -1,0 +1,1 @@
+"""raykv's secondary tiers, one subpackage each (imported lazily by the factory)."""

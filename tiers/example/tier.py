@@ -1,0 +1,131 @@
+"""``ExampleTier``: a process-local in-memory tier.
+
+It shows the whole contract in little code: submits hand the copy to a worker
+thread and return at once; every job ends in exactly one ``JobResult``; loads
+of keys it does not hold fail (with ``successful_keys`` for the others);
+capacity is a block count with LRU eviction. It talks to no directory, so it
+only serves the process that stored the blocks.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raykv.config import opt
+from raykv.contract import (
+    JobResult,
+    LookupResult,
+    ReqContext,
+    RequestOffloadingContext,
+    SecondaryTier,
+    TransferJob,
+)
+from raykv.jobs import JobTracker
+from raykv.keys import OffloadKey
+from raykv.policy import PolicyRule, decide
+
+
+@dataclass
+class ExampleOptions:
+    capacity_blocks: int = opt(1024, kind=int, min=0, doc="blocks kept (LRU); 0 = none")
+    request_level: bool = opt(False, kind=bool, doc="ask for REQUEST_LEVEL for every request")
+
+
+class ExampleTier(SecondaryTier):
+    """Blocks live in a dict of numpy arrays in this process."""
+
+    Options = ExampleOptions
+    medium = "plasma"
+
+    def __init__(
+        self, primary_kv_view: memoryview, tier_type: str, options: ExampleOptions, **_: Any
+    ) -> None:
+        super().__init__(primary_kv_view, tier_type)
+        self.options = options
+        self._primary = np.asarray(primary_kv_view)
+        self._blocks: OrderedDict[OffloadKey, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.jobs = JobTracker()
+        self._rules = [PolicyRule(tier=tier_type)] if options.request_level else []
+        self._work: queue.SimpleQueue[tuple[str, TransferJob] | None] = queue.SimpleQueue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="raykv-example-tier", daemon=True)
+        self._worker.start()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        with self._lock:
+            return LookupResult.HIT if key in self._blocks else LookupResult.MISS
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._submit("store", job)
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._submit("load", job)
+
+    def _submit(self, kind: str, job: TransferJob) -> None:
+        self.jobs.begin(job)
+        if self._closed:
+            self.jobs.fail(job, "tier is shut down")
+        else:
+            self._work.put((kind, job))
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        return self.jobs.take()
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return decide(self._rules, self.tier_type, req_context)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        with self._lock:
+            for k in keys:
+                if k in self._blocks:
+                    self._blocks.move_to_end(k)
+
+    def drain_jobs(self) -> None:
+        self.jobs.wait_idle()
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self._work.put(None)
+        self._worker.join(timeout=5)
+        for job in self.jobs.pending():
+            self.jobs.fail(job, "tier shut down")
+
+    def _run(self) -> None:
+        while (item := self._work.get()) is not None:
+            kind, job = item
+            try:
+                (self._store if kind == "store" else self._load)(job)
+            except Exception as e:  # a job must end in a result, whatever happens
+                self.jobs.fail(job, repr(e))
+
+    def _store(self, job: TransferJob) -> None:
+        cap = self.options.capacity_blocks
+        with self._lock:
+            for key, chunk in zip(job.keys, job.chunk_ids):
+                if key not in self._blocks:
+                    self._blocks[key] = self._primary[chunk].copy()
+                self._blocks.move_to_end(key)
+            while len(self._blocks) > cap:
+                self._blocks.popitem(last=False)
+        self.jobs.succeed(job, transfer_bytes=len(job.keys) * self.block_size_bytes)
+
+    def _load(self, job: TransferJob) -> None:
+        loaded: list[OffloadKey] = []
+        with self._lock:
+            for key, chunk in zip(job.keys, job.chunk_ids):
+                block = self._blocks.get(key)
+                if block is not None:
+                    self._primary[chunk] = block
+                    loaded.append(key)
+        if len(loaded) == len(job.keys):
+            self.jobs.succeed(job, transfer_bytes=len(loaded) * self.block_size_bytes)
+        else:
+            self.jobs.fail(job, "some keys are not held", successful_keys=loaded)
