@@ -1,0 +1,1 @@
+"""Engine integrations (vLLM, Ray Serve LLM)."""

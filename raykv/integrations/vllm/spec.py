@@ -1,0 +1,63 @@
+"""`RaykvOffloadingSpec`: vLLM's tiering spec plus offload from CPU-resident KV.
+
+Load it with `spec_name: RaykvOffloadingSpec`,
+`spec_module_path: raykv.integrations.vllm.spec` in `kv_connector_extra_config`
+(`raykv.integrations.vllm.kv_transfer_config` writes both). Everything on the
+scheduler side (CPU primary tier, cascade, secondary tiers) is vLLM's
+`TieringOffloadingSpec`; only the worker differs, and only off CUDA/XPU.
+"""
+
+from __future__ import annotations
+
+from raykv.integrations.vllm import require_vllm
+
+require_vllm()
+
+from typing_extensions import override  # noqa: E402
+from vllm.platforms import current_platform  # noqa: E402
+from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker  # noqa: E402
+from vllm.v1.kv_offload.cpu.shared_offload_region import (  # noqa: E402
+    SharedOffloadRegion,
+)
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
+from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker  # noqa: E402
+
+
+def _has_async_worker() -> bool:
+    """Whether vLLM's own (stream/DMA) CPU offloading worker runs here."""
+    return current_platform.is_cuda_alike() or current_platform.is_xpu()
+
+
+class RaykvOffloadingSpec(TieringOffloadingSpec):
+    """`TieringOffloadingSpec` whose worker also works on vLLM's CPU backend."""
+
+    @override
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if _has_async_worker():
+            return super().get_worker(kv_caches)
+        if self._worker is None:
+            self._worker = self._create_sync_worker(kv_caches)  # type: ignore[assignment]
+        return self._worker
+
+    def _create_sync_worker(self, kv_caches: CanonicalKVCaches) -> SyncCopyOffloadingWorker:
+        if self.config.canonical_layout:
+            raise NotImplementedError(
+                "canonical_layout is not supported by raykv's CPU offloading worker; "
+                "remove it from kv_connector_extra_config"
+            )
+        # Same region (file, rank slot, sizes) as TieringOffloadingSpec.create_worker,
+        # so the scheduler-side primary tier sees what this worker writes.
+        rank = 0 if self.replicated_layout else self.config.parallel.rank
+        region = SharedOffloadRegion(
+            engine_id=self._engine_id,
+            num_chunks=self.num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+            cpu_page_size=self.cpu_page_size_per_worker,
+        )
+        try:
+            return SyncCopyOffloadingWorker(kv_caches, self.blocks_per_chunk, region)
+        except Exception:
+            region.cleanup()
+            raise

