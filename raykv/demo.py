@@ -1,170 +1,219 @@
-"""``raykv demo``: raykv on an embedded local Ray with two simulated nodes.
+"""``raykv demo``: real vLLM replicas on an embedded local Ray, with and without raykv.
 
-Two "engine" replicas (Ray actors, one per node) serve a multi-turn,
-shared-prefix workload round-robin. Each replica computes the KV blocks it
-misses (deterministic bytes standing in for attention KV) and offloads them;
-with raykv, a replica finds blocks that the *other* replica computed through
-the directory and loads them (plasma across nodes, or the shared fs tier)
-instead of recomputing. The baseline is a per-replica cache only.
+A local Ray of ``replicas`` simulated nodes (``ray.cluster_utils.Cluster``)
+runs one vLLM engine replica per node, as a Ray actor, each with a small
+engine KV cache. A multi-turn, shared-prefix workload goes round-robin over
+the replicas twice:
+
+- *baseline*: vLLM with per-replica CPU offload only (what each replica
+  remembers by itself);
+- *raykv*: the same engines with raykv's cluster cache as secondary tiers
+  (each node's object store, then a shared fs root), so a replica promotes
+  blocks that another replica computed.
+
+It prints prefix tokens hit, TTFT p50/p90 and whether every output (first
+token and its top-5 logprobs) was identical; ``--json`` prints one object.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
+import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
-import ray
 
-BLOCK_TOKENS = 16
-BLOCK_BYTES = 256 * 1024
-NUM_CHUNKS = 512
+from raykv.workload import TraceRequest, build_trace, oracle_hit_tokens
 
-
-def block_bytes(key: bytes) -> np.ndarray:
-    """The 'KV' of a block: deterministic in its key, so loads can be verified."""
-    seed = int.from_bytes(hashlib.sha256(key).digest()[:8], "big")
-    return np.random.default_rng(seed).integers(0, 256, BLOCK_BYTES, dtype=np.uint8)
+NAMESPACE = "raykv-demo"
+BLOCK_TOKENS = 128  # vLLM's CPU backend block size
+ENGINE_BLOCKS = 16  # a small engine cache: 2048 tokens, about one session
+PRIMARY_CHUNKS = 96  # per-replica CPU offload: holds what the replica computed
 
 
-@ray.remote(num_cpus=0)
-class DemoEngine:
-    """A stand-in engine replica with a primary region and raykv tiers."""
-
-    def __init__(self, namespace: str, fs_root: str, use_raykv: bool) -> None:
-        from raykv.client import TierDriver
-        from raykv.factory import TierFactory
-        from raykv.primary import PrimaryRegion
-
-        self.region = PrimaryRegion(NUM_CHUNKS, BLOCK_BYTES)
-        self.local: set[bytes] = set()  # the replica's own cache (keys it computed)
-        self.use_raykv = use_raykv
-        self.tiers = []
-        if use_raykv:
-            for cfg in (
-                {"type": "object_store", "namespace": namespace},
-                {"type": "fs", "namespace": namespace, "root": fs_root},
-            ):
-                self.tiers.append(TierDriver(TierFactory.create_tier(cfg, self.region.view)))
-        self.next_chunk = 0
-
-    def _slot(self) -> int:
-        self.next_chunk = (self.next_chunk + 1) % NUM_CHUNKS
-        return self.next_chunk
-
-    def serve(self, keys: list[bytes]) -> dict[str, Any]:
-        """Serve one request's prefix blocks; returns hit counts and timing."""
-        from raykv.contract import LookupResult
-
-        t0 = time.perf_counter()
-        hits = remote_hits = 0
-        computed: list[tuple[bytes, int]] = []
-        ok = True
-        for i, key in enumerate(keys):
-            if key in self.local:
-                hits += 1
-                continue
-            loaded = False
-            for drv in self.tiers:
-                if drv.lookup([key])[0] is LookupResult.HIT:
-                    slot = self._slot()
-                    if drv.load([key], [slot]).success:
-                        ok &= bool(np.array_equal(self.region.array[slot], block_bytes(key)))
-                        loaded = True
-                        break
-            if loaded:
-                hits += 1
-                remote_hits += 1
-                self.local.add(key)
-                continue
-            slot = self._slot()
-            self.region.array[slot] = block_bytes(key)  # "compute" the block
-            time.sleep(0.002)  # prefill cost of a block, kept small for the demo
-            computed.append((key, slot))
-            self.local.add(key)
-        if self.tiers and computed:
-            ks, slots = zip(*computed)
-            self.tiers[0].store(list(ks), list(slots))
-            self.tiers[1].store(list(ks), list(slots))
-        return {"hits": hits, "remote_hits": remote_hits, "blocks": len(keys),
-                "ms": (time.perf_counter() - t0) * 1000, "ok": ok}
+def _engine_kwargs(model_max_len: int) -> dict[str, Any]:
+    return {
+        "max_model_len": model_max_len,
+        "num_gpu_blocks_override": ENGINE_BLOCKS,
+        "enforce_eager": True,
+        "disable_log_stats": False,
+    }
 
 
-def _workload(n_conversations: int, turns: int) -> list[list[bytes]]:
-    from raykv.keys import prefix_keys
-
-    rng = np.random.default_rng(7)
-    system = list(rng.integers(0, 32000, BLOCK_TOKENS * 8))
-    requests = []
-    for c in range(n_conversations):
-        history = list(system)
-        for _ in range(turns):
-            history += list(rng.integers(0, 32000, BLOCK_TOKENS * 2))
-            requests.append(prefix_keys(history, BLOCK_TOKENS))
-    return requests
+def _chunk_bytes(model: str) -> int:
+    """Bytes of one 128-token KV block of ``model`` (for sizing the CPU primary)."""
+    with open(f"{model}/config.json") as f:
+        cfg = json.load(f)
+    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    return 2 * cfg["num_hidden_layers"] * heads * head_dim * BLOCK_TOKENS * 2  # K and V, 2-byte dtype
 
 
-def _run(namespace: str, fs_root: str, node_resources: list[str], use_raykv: bool) -> dict[str, Any]:
-    engines = [
-        DemoEngine.options(resources={res: 0.001}).remote(namespace, fs_root, use_raykv)
-        for res in node_resources
-    ]
-    results = []
+def _start_cluster(replicas: int) -> tuple[Any, list[str]]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    mib = 1024 * 1024
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": 384 * mib, "include_dashboard": False},
+    )
+    for _ in range(replicas - 1):
+        cluster.add_node(num_cpus=1, object_store_memory=384 * mib)
+    ray.init(address=cluster.address, log_to_driver=False)
+    nodes = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: n != ray.get_runtime_context().get_node_id())
+    return cluster, nodes
+
+
+def _run_phase(
+    name: str,
+    nodes: list[str],
+    model: str,
+    kv_config: dict[str, Any],
+    trace: list[TraceRequest],
+    engine_kwargs: dict[str, Any],
+    progress: Any,
+) -> list[dict[str, Any]]:
+    import ray
+
+    from raykv.integrations.vllm.replica import start_replica
+    from raykv.models.tiny import make_prompt_tokens
+
+    progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
+    replicas = [start_replica(node, model, kv_config, engine_kwargs) for node in nodes]
+    try:
+        ray.get([r.ready.remote() for r in replicas], timeout=600)
+        # The first request of an engine pays one-off kernel set-up: not timed.
+        ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
+        progress.set_description(f"{name}: {len(trace)} requests")
+        results = []
+        for req in trace:
+            out = ray.get(replicas[req.replica].generate.remote(req.prompt_token_ids), timeout=600)
+            results.append(out)
+            progress.update(1)
+        return results
+    finally:
+        for r in replicas:
+            try:
+                ray.get(r.shutdown.remote(), timeout=60)
+            except Exception:
+                pass
+            ray.kill(r)
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
+    ttft = np.array([r["ttft_ms"] for r in results])
+    return {
+        "hit_tokens": int(sum(r["cached_tokens"] for r in results)),
+        "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1),
+        "ttft_p90_ms": round(float(np.percentile(ttft, 90)), 1),
+    }
+
+
+def _outputs_match(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return all(x["token_ids"] == y["token_ids"] and x["top_logprobs"] == y["top_logprobs"] for x, y in zip(a, b))
+
+
+def demo(
+    replicas: int = 2, sessions: int = 5, turns: int = 4, model: str | None = None, show_progress: bool = True
+) -> dict[str, Any]:
+    """Run both phases; returns the report (what ``--json`` prints)."""
+    import ray
     from tqdm import tqdm
 
-    reqs = _workload(6, 4)
-    for i, keys in enumerate(tqdm(reqs, desc="raykv" if use_raykv else "per-replica", leave=False)):
-        results.append(ray.get(engines[i % len(engines)].serve.remote(keys)))
-    for e in engines:
-        ray.kill(e)
-    ms = sorted(r["ms"] for r in results)
+    import raykv
+    from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
+    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+
+    require_vllm()
+    t0 = time.perf_counter()
+    model_path = model or build_tiny_model()
+    trace = build_trace(sessions=sessions, turns=turns, replicas=replicas)
+    max_len = max(len(r.prompt_token_ids) for r in trace) + 16
+    max_len = ((max_len + BLOCK_TOKENS - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
+    chunk = _chunk_bytes(model_path)
+    cluster, nodes = _start_cluster(replicas)
+    progress = tqdm(total=2 * len(trace), disable=not show_progress, file=sys.stderr, unit="req")
+    try:
+        with tempfile.TemporaryDirectory(prefix="raykv-demo-fs-") as fs_root:
+            baseline = _run_phase(
+                "baseline", nodes, model_path, kv_transfer_config([], cpu_bytes=PRIMARY_CHUNKS * chunk),
+                trace, _engine_kwargs(max_len), progress,
+            )
+            config = {
+                "namespace": NAMESPACE,
+                "tiers": [
+                    {"type": "object_store", "capacity_bytes": 256 << 20},
+                    {"type": "fs", "root": fs_root, "capacity_bytes": 1 << 30},
+                ],
+            }
+            services = raykv.start(config)
+            with_raykv = _run_phase(
+                "raykv", nodes, model_path, raykv_kv_transfer_config(config, cpu_bytes=PRIMARY_CHUNKS * chunk),
+                trace, _engine_kwargs(max_len), progress,
+            )
+            from raykv.status import collect_status
+
+            status = collect_status(services)
+            services.shutdown()
+    finally:
+        progress.close()
+        ray.shutdown()
+        cluster.shutdown()
+    base, rk = _summary(baseline), _summary(with_raykv)
     return {
-        "requests": len(results),
-        "hit_blocks": sum(r["hits"] for r in results),
-        "cross_replica_hits": sum(r["remote_hits"] for r in results),
-        "blocks": sum(r["blocks"] for r in results),
-        "p50_ms": ms[len(ms) // 2],
-        "ok": all(r["ok"] for r in results),
+        "replicas": replicas,
+        "requests": len(trace),
+        "sessions": sessions,
+        "turns": turns,
+        "model": MODEL_NAME if model is None else model,
+        "prompt_tokens": sum(len(r.prompt_token_ids) for r in trace),
+        "oracle_hit_tokens": oracle_hit_tokens(trace, BLOCK_TOKENS),
+        "baseline_hit_tokens": base["hit_tokens"],
+        "raykv_hit_tokens": rk["hit_tokens"],
+        "baseline_ttft_p50_ms": base["ttft_p50_ms"],
+        "raykv_ttft_p50_ms": rk["ttft_p50_ms"],
+        "baseline_ttft_p90_ms": base["ttft_p90_ms"],
+        "raykv_ttft_p90_ms": rk["ttft_p90_ms"],
+        "outputs_match": _outputs_match(baseline, with_raykv),
+        "directory_keys": status["directory"]["keys"],
+        "elapsed_s": round(time.perf_counter() - t0, 1),
     }
+
+
+def format_report(r: dict[str, Any]) -> str:
+    rows = [
+        ("prefix tokens hit", f"{r['baseline_hit_tokens']}", f"{r['raykv_hit_tokens']}"),
+        (
+            "  share of prompt tokens",
+            f"{r['baseline_hit_tokens'] / r['prompt_tokens']:.0%}",
+            f"{r['raykv_hit_tokens'] / r['prompt_tokens']:.0%}",
+        ),
+        ("TTFT p50 (ms)", f"{r['baseline_ttft_p50_ms']:.0f}", f"{r['raykv_ttft_p50_ms']:.0f}"),
+        ("TTFT p90 (ms)", f"{r['baseline_ttft_p90_ms']:.0f}", f"{r['raykv_ttft_p90_ms']:.0f}"),
+    ]
+    head = (
+        f"raykv demo: {r['replicas']} vLLM replicas on {r['replicas']} simulated nodes, {r['requests']} requests "
+        f"({r['sessions']} sessions x {r['turns']} turns, round-robin), model {r['model']}"
+    )
+    lines = [head, "", f"{'':26}{'per-replica CPU offload':>26}{'raykv cluster cache':>22}"]
+    lines += [f"{a:26}{b:>26}{c:>22}" for a, b, c in rows]
+    lines += [
+        "",
+        f"one unbounded cluster-wide cache would hit {r['oracle_hit_tokens']} tokens; "
+        f"the directory holds {r['directory_keys']} keys",
+        f"outputs identical (first token and top-5 logprobs, every request): {'yes' if r['outputs_match'] else 'NO'}",
+        f"finished in {r['elapsed_s']:.0f} s",
+    ]
+    return "\n".join(lines)
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from ray.cluster_utils import Cluster
-
-    import raykv
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node0": 1}})
-    cluster.add_node(num_cpus=1, resources={"node1": 1})
-    ray.init(address=cluster.address, log_to_driver=False)
-    try:
-        with tempfile.TemporaryDirectory(prefix="raykv-demo-") as root:
-            raykv.start({"namespace": "raykv-demo"})
-            base = _run("raykv-demo", root, ["node0", "node1"], use_raykv=False)
-            with_raykv = _run("raykv-demo", root, ["node0", "node1"], use_raykv=True)
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    summary = {
-        "replicas": 2,
-        "requests": base["requests"],
-        "baseline_hit_blocks": base["hit_blocks"],
-        "raykv_hit_blocks": with_raykv["hit_blocks"],
-        "raykv_cross_replica_hits": with_raykv["cross_replica_hits"],
-        "baseline_p50_ms": round(base["p50_ms"], 2),
-        "raykv_p50_ms": round(with_raykv["p50_ms"], 2),
-        "outputs_match": base["ok"] and with_raykv["ok"],
-    }
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        print(f"{'':<28}{'per-replica cache':>20}{'raykv':>12}")
-        print(f"{'prefix blocks hit':<28}{base['hit_blocks']:>20}{with_raykv['hit_blocks']:>12}")
-        print(f"{'  of them from the other node':<28}{0:>20}{with_raykv['cross_replica_hits']:>12}")
-        print(f"{'request p50 (ms)':<28}{base['p50_ms']:>20.1f}{with_raykv['p50_ms']:>12.1f}")
-        print(f"{'loaded bytes verified':<28}{str(base['ok']):>20}{str(with_raykv['ok']):>12}")
-    return 0 if summary["outputs_match"] else 1
+    report = demo(
+        replicas=args.replicas, sessions=args.sessions, turns=args.turns, model=args.model, show_progress=True
+    )
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0 if report["outputs_match"] else 1

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import ray
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Keep Ray's own chatter and usage reporting out of test runs.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -53,3 +56,22 @@ def raykv_services(ray_local):
     services = raykv.start({"namespace": "raykv-test", "directory_shards": 2})
     yield services
     services.shutdown()
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> None:
+    """Env that vLLM (and its spawned engine/worker processes) need; skips without vLLM."""
+    pytest.importorskip("vllm")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # Spawned processes must import raykv (the spec is loaded by module path)
+    # even when it is not pip-installed.
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, paths)])
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / MODEL_NAME)

