@@ -41,10 +41,11 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     import raykv
-    from raykv.status import collect_status, format_status
+    from raykv.status import check_reachable, collect_status, format_status
 
+    check_reachable(args.address)
     services = raykv.attach(args.namespace or "raykv", address=args.address)
-    status = collect_status(services)
+    status = collect_status(services, metrics=not args.no_metrics)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
     return 0
 
@@ -57,10 +58,56 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_vllm_config(args: argparse.Namespace) -> int:
+    from raykv.integrations.vllm import raykv_kv_transfer_config
+
+    raw = _load_config(args.config, args.namespace)
+    print(json.dumps(raykv_kv_transfer_config(raw, cpu_bytes=args.cpu_bytes, ray_address=args.ray_address)))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from raykv.demo import run_demo
 
     return run_demo(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run one benchmark; print its tables, or one JSON object with ``--json``."""
+    from raykv import bench
+    from raykv.bench.common import to_json
+
+    module = bench.load(args.bench)
+    result = module.run(args)
+    print(to_json(result) if args.json else module.format_result(result))
+    return 0
+
+
+def _add_bench_parser(sub: Any) -> None:
+    """``raykv bench <name>``: one sub-command per benchmark module present."""
+    from raykv import bench
+
+    sp = sub.add_parser("bench", help="benchmarks against baselines of the same run (tables, or --json)")
+    names = sp.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(bench.available()) + "}")
+    for name in bench.available():
+        module = bench.load(name)
+        bp = names.add_parser(name, help=module.HELP, description=module.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        bp.add_argument("--json", action="store_true", help="print one JSON object")
+        bp.add_argument("--quick", action="store_true", help="a small, fast configuration (smoke tests)")
+        bp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+        module.add_arguments(bp)
+        bp.set_defaults(func=cmd_bench)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,19 +123,34 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--config", help="raykv config file (YAML or JSON)")
     sp.set_defaults(func=cmd_start)
 
-    sp = sub.add_parser("status", help="services, tiers per node, occupancy, directory size")
+    sp = sub.add_parser("status", help="services, tiers per node, occupancy, hit rates, directory size")
     common(sp)
     sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--no-metrics", action="store_true", help="skip the engines' hit rates (no metrics scrape)")
     sp.set_defaults(func=cmd_status)
 
     sp = sub.add_parser("stop", help="stop raykv's actors (their cached blocks go too)")
     common(sp)
     sp.set_defaults(func=cmd_stop)
 
+    sp = sub.add_parser(
+        "vllm-config", help="print vLLM's --kv-transfer-config JSON for a raykv config (tiers, namespace)"
+    )
+    sp.add_argument("--config", help="raykv config file (YAML or JSON) listing the tiers")
+    sp.add_argument("--namespace", help="raykv's Ray namespace (default: the config's, else raykv)")
+    sp.add_argument("--cpu-bytes", type=_positive_int, default=4 << 30, help="CPU primary tier size (default 4 GiB)")
+    sp.add_argument("--ray-address", help="Ray address for the engine process (default: RAY_ADDRESS, else auto)")
+    sp.set_defaults(func=cmd_vllm_config)
+
     sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp.add_argument("--model", help="model path (default: a tiny local model)")
+    sp.add_argument("--model", help="model path (default: a tiny local model, built once and cached)")
+    sp.add_argument("--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)")
+    sp.add_argument("--sessions", type=_positive_int, default=5, help="conversations in the workload (default 5)")
+    sp.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")
     sp.set_defaults(func=cmd_demo)
+
+    _add_bench_parser(sub)
     return p
 
 

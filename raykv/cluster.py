@@ -126,7 +126,7 @@ def start(
             running.directory_shards,
         )
     shards = [
-        _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards)
+        _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
         for i in range(running.directory_shards)
     ]
     ray.get([s.ping.remote() for s in shards])
@@ -167,7 +167,7 @@ def attach(
     for i in range(config.directory_shards):
         shard = _get_actor(naming.directory_shard(i), namespace)
         if shard is None:
-            shard = _named(DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards)
+            shard = _named(DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards, namespace)
         shards.append(shard)
     services = RaykvServices(config, control, shards)
     with _lock:

@@ -26,82 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from raykv.workload import TraceRequest, build_trace, oracle_hit_tokens
+from raykv.integrations.vllm.replica import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
+from raykv.workload import build_trace, model_len_for, oracle_hit_tokens
 
 NAMESPACE = "raykv-demo"
-BLOCK_TOKENS = 128  # vLLM's CPU backend block size
 ENGINE_BLOCKS = 16  # a small engine cache: 2048 tokens, about one session
 PRIMARY_CHUNKS = 96  # per-replica CPU offload: holds what the replica computed
-
-
-def _engine_kwargs(model_max_len: int) -> dict[str, Any]:
-    return {
-        "max_model_len": model_max_len,
-        "num_gpu_blocks_override": ENGINE_BLOCKS,
-        "enforce_eager": True,
-        "disable_log_stats": False,
-    }
-
-
-def _chunk_bytes(model: str) -> int:
-    """Bytes of one 128-token KV block of ``model`` (for sizing the CPU primary)."""
-    with open(f"{model}/config.json") as f:
-        cfg = json.load(f)
-    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    return 2 * cfg["num_hidden_layers"] * heads * head_dim * BLOCK_TOKENS * 2  # K and V, 2-byte dtype
-
-
-def _start_cluster(replicas: int) -> tuple[Any, list[str]]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    mib = 1024 * 1024
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": 384 * mib, "include_dashboard": False},
-    )
-    for _ in range(replicas - 1):
-        cluster.add_node(num_cpus=1, object_store_memory=384 * mib)
-    ray.init(address=cluster.address, log_to_driver=False)
-    nodes = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: n != ray.get_runtime_context().get_node_id())
-    return cluster, nodes
-
-
-def _run_phase(
-    name: str,
-    nodes: list[str],
-    model: str,
-    kv_config: dict[str, Any],
-    trace: list[TraceRequest],
-    engine_kwargs: dict[str, Any],
-    progress: Any,
-) -> list[dict[str, Any]]:
-    import ray
-
-    from raykv.integrations.vllm.replica import start_replica
-    from raykv.models.tiny import make_prompt_tokens
-
-    progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
-    replicas = [start_replica(node, model, kv_config, engine_kwargs) for node in nodes]
-    try:
-        ray.get([r.ready.remote() for r in replicas], timeout=600)
-        # The first request of an engine pays one-off kernel set-up: not timed.
-        ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
-        progress.set_description(f"{name}: {len(trace)} requests")
-        results = []
-        for req in trace:
-            out = ray.get(replicas[req.replica].generate.remote(req.prompt_token_ids), timeout=600)
-            results.append(out)
-            progress.update(1)
-        return results
-    finally:
-        for r in replicas:
-            try:
-                ray.get(r.shutdown.remote(), timeout=60)
-            except Exception:
-                pass
-            ray.kill(r)
 
 
 def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
@@ -132,16 +62,15 @@ def demo(
     t0 = time.perf_counter()
     model_path = model or build_tiny_model()
     trace = build_trace(sessions=sessions, turns=turns, replicas=replicas)
-    max_len = max(len(r.prompt_token_ids) for r in trace) + 16
-    max_len = ((max_len + BLOCK_TOKENS - 1) // BLOCK_TOKENS) * BLOCK_TOKENS
-    chunk = _chunk_bytes(model_path)
-    cluster, nodes = _start_cluster(replicas)
+    max_len = model_len_for(trace, BLOCK_TOKENS)
+    chunk = chunk_bytes(model_path)
+    cluster, nodes = start_local_cluster(replicas)
     progress = tqdm(total=2 * len(trace), disable=not show_progress, file=sys.stderr, unit="req")
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-demo-fs-") as fs_root:
-            baseline = _run_phase(
+            baseline, _ = run_trace(
                 "baseline", nodes, model_path, kv_transfer_config([], cpu_bytes=PRIMARY_CHUNKS * chunk),
-                trace, _engine_kwargs(max_len), progress,
+                trace, engine_kwargs(max_len, ENGINE_BLOCKS), progress,
             )
             config = {
                 "namespace": NAMESPACE,
@@ -151,9 +80,9 @@ def demo(
                 ],
             }
             services = raykv.start(config)
-            with_raykv = _run_phase(
+            with_raykv, _ = run_trace(
                 "raykv", nodes, model_path, raykv_kv_transfer_config(config, cpu_bytes=PRIMARY_CHUNKS * chunk),
-                trace, _engine_kwargs(max_len), progress,
+                trace, engine_kwargs(max_len, ENGINE_BLOCKS), progress,
             )
             from raykv.status import collect_status
 

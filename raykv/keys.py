@@ -16,6 +16,8 @@ from typing import NewType
 OffloadKey = NewType("OffloadKey", bytes)
 
 GROUP_IDX_BYTES = 4
+#: Longest offload key raykv accepts (block hash + group index).
+MAX_KEY_BYTES = 256
 #: Hash of the (virtual) parent of a request's first block.
 ROOT_HASH = hashlib.sha256(b"raykv-root").digest()
 
@@ -40,7 +42,7 @@ def validate_key(key: object) -> bytes:
     if not isinstance(key, (bytes, bytearray, memoryview)):
         raise ValueError(f"offload key must be bytes, got {type(key).__name__}")
     key = bytes(key)
-    if len(key) <= GROUP_IDX_BYTES or len(key) > 256:
+    if len(key) <= GROUP_IDX_BYTES or len(key) > MAX_KEY_BYTES:
         raise ValueError(
             f"offload key must be 5..256 bytes (hash + 4-byte group index), got {len(key)}"
         )

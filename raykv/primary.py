@@ -33,7 +33,13 @@ class RegionHandle:
 
 
 class PrimaryRegion:
-    """An owner-only shared-memory file with a 2-D memoryview over it."""
+    """An owner-only shared-memory file with a 2-D memoryview over it.
+
+    The file's name is unlinked as soon as it is mapped and the descriptor
+    stays open, as vLLM's ``SharedOffloadRegion`` does with a barrier: no exit
+    path (SIGKILL included) can leak it in /dev/shm. Same-node tier actors map
+    it through ``/proc/<pid>/fd/<n>`` (see ``describe_region``).
+    """
 
     def __init__(self, num_chunks: int, bytes_per_chunk: int, path: str | None = None) -> None:
         if num_chunks <= 0 or bytes_per_chunk <= 0:
@@ -43,29 +49,32 @@ class PrimaryRegion:
         self.num_chunks = num_chunks
         self.bytes_per_chunk = bytes_per_chunk
         self.path = path or os.path.join(SHM_DIR, f"raykv_primary_{uuid.uuid4().hex}.mmap")
-        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        self._fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, num_chunks * bytes_per_chunk)
-            self._mmap = mmap.mmap(fd, num_chunks * bytes_per_chunk, flags=mmap.MAP_SHARED)
+            os.ftruncate(self._fd, num_chunks * bytes_per_chunk)
+            self._mmap = mmap.mmap(self._fd, num_chunks * bytes_per_chunk, flags=mmap.MAP_SHARED)
+        except BaseException:
+            os.close(self._fd)
+            raise
         finally:
-            os.close(fd)
+            os.unlink(self.path)
         self.view: memoryview = memoryview(self._mmap).cast("B", (num_chunks, bytes_per_chunk))
         self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8).reshape(
             num_chunks, bytes_per_chunk
         )
 
     def close(self) -> None:
-        """Unmap and unlink; views handed out must be dropped first."""
+        """Unmap and close; views handed out must be dropped first."""
+        if self._fd < 0:
+            return
         self.view.release()
         del self.array
         try:
             self._mmap.close()
         except BufferError:
             pass  # someone still holds an export; the mapping dies with them
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        os.close(self._fd)
+        self._fd = -1
 
     def __enter__(self) -> "PrimaryRegion":
         return self

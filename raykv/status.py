@@ -1,32 +1,118 @@
-"""The cluster's cache at a glance: services, tiers per node, occupancy, hit rates."""
+"""The cluster's cache at a glance: services, tiers per node, occupancy, hit rates, directory size.
+
+``collect_status`` gathers one JSON-able picture (actor calls for the
+services and tier actors, plus the engines' lookup counters scraped from
+each node's metrics port); ``format_status`` prints it as tables.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import ray
 
+from raykv import naming
 from raykv.cluster import RaykvServices
+from raykv.errors import RaykvError
 
 
-def collect_status(services: RaykvServices, timeout: float = 10.0) -> dict[str, Any]:
-    """One JSON-able picture of a namespace's raykv services."""
-    shards = services.directory.stats(timeout=timeout)
-    holders = services.holders()
+def check_reachable(address: str | None, timeout: float = 3.0) -> None:
+    """Fail fast (RaykvError) when an explicit ``host:port`` Ray address does not answer.
+
+    ``ray.init`` keeps retrying an unreachable GCS for a minute or more; a
+    TCP connect tells the user at once. ``auto`` / ``ray://`` addresses are
+    left to Ray (it already fails fast when no local cluster runs).
+    """
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise RaykvError(
+            f"no Ray cluster reachable at address={address!r} ({e.strerror or e}): start one with "
+            "`ray start --head` (or `ray up`), or pass the cluster's address"
+        ) from e
+
+
+def _occupancy(stats: dict[str, Any]) -> dict[str, Any]:
+    """Blocks, bytes used and capacity of a tier actor, whatever its kind."""
+    blocks = stats.get("blocks", stats.get("files"))
+    used = stats.get("bytes_used", stats.get("bytes"))
+    cap = stats.get("capacity_bytes")
+    return {
+        "blocks": blocks,
+        "bytes_used": used,
+        "capacity_bytes": cap,
+        "occupancy": (used / cap) if used is not None and cap else None,
+    }
+
+
+def engine_hit_rates(series: list[tuple[str, dict[str, str], float]]) -> dict[str, dict[str, Any]]:
+    """Engine-side lookups per tier and per (tier, node), from scraped ``ray_raykv_*`` series."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, labels, value in series:
+        field = {"ray_raykv_lookups_total": "lookups", "ray_raykv_lookup_hits_total": "hits"}.get(name)
+        if field is None:
+            continue
+        tier, node = labels.get("tier", "?"), labels.get("node", "?")
+        for key in (tier, f"{tier}@{node}"):
+            entry = out.setdefault(key, {"lookups": 0, "hits": 0})
+            entry[field] += int(value)
+    for entry in out.values():
+        entry["hit_rate"] = entry["hits"] / entry["lookups"] if entry["lookups"] else None
+    return out
+
+
+def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool = True) -> dict[str, Any]:
+    """One JSON-able picture of a namespace's raykv services and tiers."""
+    ns = services.namespace
+    shards = []
+    for i, shard in enumerate(services.directory.shards):
+        try:
+            shards.append({**ray.get(shard.stats.remote(), timeout=timeout), "alive": True})
+        except Exception as e:  # a dead shard restarts and rebuilds; report it meanwhile
+            shards.append({"shard": i, "keys": 0, "holders": {}, "alive": False, "error": type(e).__name__})
+    control = ray.get(services.control.stats.remote(), timeout=timeout)
+    series: list[tuple[str, dict[str, str], float]] = []
+    if metrics:
+        from raykv.metrics import scrape_cluster
+
+        series = scrape_cluster(timeout=min(timeout, 3.0))
+    rates = engine_hit_rates(series)
+
     tiers = []
-    for info in holders:
+    for info in services.holders():
         entry: dict[str, Any] = dict(info)
         try:
-            actor = ray.get_actor(info["actor_name"], namespace=services.namespace)
-            entry["stats"] = ray.get(actor.stats.remote(), timeout=timeout)
-            entry["alive"] = True
+            actor = ray.get_actor(info["actor_name"], namespace=ns)
+            stats = ray.get(actor.stats.remote(), timeout=timeout)
+            entry.update(alive=True, **_occupancy(stats), stats=stats)
         except Exception as e:  # dead or unreachable holder
-            entry["alive"] = False
-            entry["error"] = type(e).__name__
+            entry.update(alive=False, error=type(e).__name__, blocks=None, bytes_used=None,
+                         capacity_bytes=None, occupancy=None)
+        key = f"{info['tier_type']}@{info['node_id']}" if info.get("node_id") else info["tier_type"]
+        entry["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
         tiers.append(entry)
-    control = ray.get(services.control.stats.remote(), timeout=timeout)
+    tiers.sort(key=lambda t: (t["tier_type"], str(t.get("node_id"))))
+
+    service_rows = [{"name": naming.CONTROL_ACTOR, "kind": "control", "alive": True,
+                     "holders": control.get("holders"), "rules_version": control["rules_version"]}]
+    service_rows += [
+        {"name": naming.directory_shard(s["shard"]), "kind": "directory_shard", "alive": s["alive"],
+         "keys": s["keys"], "holders": len(s.get("holders", {})), **({"error": s["error"]} if "error" in s else {})}
+        for s in shards
+    ]
     return {
-        "namespace": services.namespace,
+        "namespace": ns,
+        "ray_address": ray.get_runtime_context().gcs_address,
+        "services": service_rows,
         "directory": {
             "shards": len(shards),
             "keys": sum(s["keys"] for s in shards),
@@ -34,6 +120,12 @@ def collect_status(services: RaykvServices, timeout: float = 10.0) -> dict[str, 
         },
         "rules_version": control["rules_version"],
         "tiers": tiers,
+        "hit_rates": {k: v for k, v in rates.items() if "@" not in k},
+        "nodes": [
+            {"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
+             "object_store_bytes": int(n.get("Resources", {}).get("object_store_memory", 0))}
+            for n in ray.nodes()
+        ],
     }
 
 
@@ -47,25 +139,44 @@ def _fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
 def format_status(status: dict[str, Any]) -> str:
-    """A terminal table of ``collect_status``'s result."""
+    """Terminal tables of ``collect_status``'s result."""
     d = status["directory"]
+    alive_nodes = sum(1 for n in status.get("nodes", []) if n["alive"])
     lines = [
-        f"raykv namespace {status['namespace']!r}: directory {d['shards']} shard(s), "
-        f"{d['keys']} keys {d['keys_per_shard']}, policy rules v{status['rules_version']}",
+        f"raykv in Ray namespace {status['namespace']!r} (cluster {status.get('ray_address')}, "
+        f"{alive_nodes} node(s) alive)",
+        f"directory: {d['shards']} shard(s), {d['keys']} keys {d['keys_per_shard']}; "
+        f"policy rules v{status['rules_version']}",
         "",
-        f"{'tier':<13} {'where':<28} {'alive':<6} {'blocks':>8} {'used':>11} {'capacity':>11} {'hit rate':>9}",
+        f"{'service':<22} {'alive':<6} {'keys':>8} {'holders':>8}",
+    ]
+    for s in status["services"]:
+        lines.append(
+            f"{s['name']:<22} {'yes' if s['alive'] else 'NO':<6} {s.get('keys', '-')!s:>8} {s.get('holders', '-')!s:>8}"
+        )
+    lines += [
+        "",
+        f"{'tier':<13} {'node / root':<30} {'alive':<6} {'blocks':>8} {'used':>10} {'capacity':>10} "
+        f"{'occupancy':>9} {'hit rate':>9} {'lookups':>8}",
     ]
     for t in status["tiers"]:
-        s = t.get("stats", {})
-        where = t.get("node_id") or s.get("root") or "shared"
-        hits, lookups = s.get("hits"), s.get("loads_requested") or s.get("lookups")
-        rate = f"{hits / lookups:.0%}" if hits is not None and lookups else "-"
+        where = t.get("node_id") or t.get("stats", {}).get("root") or "shared"
+        rate = t.get("engine_lookups", {})
         lines.append(
-            f"{t['tier_type']:<13} {str(where)[:28]:<28} {'yes' if t['alive'] else 'NO':<6} "
-            f"{s.get('blocks', '-'):>8} {_fmt_bytes(s.get('bytes_used')):>11} "
-            f"{_fmt_bytes(s.get('capacity_bytes')):>11} {rate:>9}"
+            f"{t['tier_type']:<13} {str(where)[:30]:<30} {'yes' if t['alive'] else 'NO':<6} "
+            f"{t.get('blocks') if t.get('blocks') is not None else '-'!s:>8} {_fmt_bytes(t.get('bytes_used')):>10} "
+            f"{_fmt_bytes(t.get('capacity_bytes')) if t.get('capacity_bytes') else 'unlimited':>10} "
+            f"{_pct(t.get('occupancy')):>9} {_pct(rate.get('hit_rate')):>9} {rate.get('lookups', 0):>8}"
         )
     if not status["tiers"]:
         lines.append("(no tier actors yet: they start with `raykv start --config` or the first engine)")
+    if status.get("hit_rates"):
+        lines += ["", "engine lookups per tier (all nodes): " + ", ".join(
+            f"{tier} {_pct(r['hit_rate'])} of {r['lookups']}" for tier, r in sorted(status["hit_rates"].items())
+        )]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from abc import abstractmethod
 from collections.abc import Collection, Iterable
@@ -18,7 +19,10 @@ from raykv.contract import (
 )
 from raykv.directory.holders import HolderInfo
 from raykv.jobs import JobTracker
-from raykv.keys import OffloadKey
+from raykv.metrics import MeteredJobTracker, TierMetrics
+from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, shard_of, validate_key
+
+logger = logging.getLogger(__name__)
 
 
 class DirectoryBackedTier(SecondaryTier):
@@ -40,7 +44,8 @@ class DirectoryBackedTier(SecondaryTier):
         super().__init__(primary_kv_view, tier_type)
         self.services = services or attach(namespace, start_if_missing=True)
         self.node_id = self.services.node_id()
-        self.jobs = JobTracker()
+        self.metrics = TierMetrics(tier_type, self.node_id)
+        self.jobs: JobTracker = MeteredJobTracker(self.metrics, self.block_size_bytes)
         self._cache = self.services.lookup_cache
 
     @abstractmethod
@@ -53,25 +58,39 @@ class DirectoryBackedTier(SecondaryTier):
 
     # -- contract ------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if type(key) is not bytes:
+            try:
+                key = validate_key(key)
+            except ValueError:
+                return LookupResult.MISS  # a malformed key is nobody's: never batch it
+        elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
+            return LookupResult.MISS
         self._cache.poll()
         holders = self._cache.get(key)
         if holders is None:
             self._cache.request(key)
+            self.metrics.lookup(LookupResult.RETRY)
             return LookupResult.RETRY
-        return LookupResult.HIT if self.serves(holders) else LookupResult.MISS
+        result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
+        self.metrics.lookup(result)  # a local count; flushed to Ray once per step
+        return result
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return self.services.policy.decide(self.tier_type, req_context)
 
     def on_schedule_end(self) -> None:
         self._cache.flush()
+        self.metrics.flush()
 
     def has_pending_work(self) -> bool:
         return self.jobs.num_pending > 0 or self._cache.has_pending()
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         self.poll_jobs()
-        return self.jobs.take()
+        results = self.jobs.take()
+        if results:
+            self.metrics.flush()
+        return results
 
     def drain_jobs(self, timeout: float = 300.0) -> None:
         deadline = time.monotonic() + timeout
@@ -92,6 +111,21 @@ class DirectoryBackedTier(SecondaryTier):
         return [self.lookup(k, ctx) for k in keys]
 
 
+async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
+    """Await actor calls (a holder's directory updates); log failures, count them.
+
+    A directory shard that dies mid-call restarts and rebuilds its entries
+    from the holders (``raykv_resync``), so a failed update is not lost and
+    must not fail the holder's own operation.
+    """
+    failed = 0
+    for r in await asyncio.gather(*refs, return_exceptions=True):
+        if isinstance(r, BaseException):
+            failed += 1
+            logger.warning("%s failed (the shard rebuilds from holders): %r", what, r)
+    return failed
+
+
 class WatchableActor:
     """Mixin for holder actors: the directory watches them with ``raykv_watch``."""
 
@@ -101,3 +135,17 @@ class WatchableActor:
 
     async def raykv_ping(self) -> Any:
         return True
+
+    def raykv_holdings(self) -> tuple[Any, list[bytes]]:
+        """This holder's ``HolderInfo`` and every key it holds now (override).
+
+        Must answer at once, even while the actor is still starting: a
+        restarting directory shard calls it (``raykv_resync``) and the actor's
+        own start-up may be waiting on that shard.
+        """
+        raise NotImplementedError
+
+    async def raykv_resync(self, shard: int, num_shards: int) -> tuple[dict[str, Any], list[bytes]]:
+        """For a (re)started directory shard: our holder info and our keys of that shard."""
+        info, keys = self.raykv_holdings()
+        return info.to_dict(), [k for k in keys if shard_of(k, num_shards) == shard]

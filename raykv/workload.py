@@ -65,3 +65,9 @@ def oracle_hit_tokens(trace: list[TraceRequest], block_tokens: int) -> int:
         for b in range(len(tokens) // block_tokens):
             seen.add(tuple(tokens[: (b + 1) * block_tokens]))
     return hits
+
+
+def model_len_for(trace: list[TraceRequest], block_tokens: int, output_tokens: int = 16) -> int:
+    """A ``max_model_len`` that fits every prompt of ``trace`` plus its output, in whole blocks."""
+    longest = max(len(r.prompt_token_ids) for r in trace) + output_tokens
+    return -(-longest // block_tokens) * block_tokens

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import ray
 
 from raykv.contract import ReqContext, RequestOffloadingContext
@@ -35,6 +36,59 @@ class PrefixHit:
     holders: list[HolderInfo]
 
 
+def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixHit:
+    """The leading run of keys with holders, each with its preferred holder.
+
+    Per-key work runs in C (``list.index``, ``map``): the answer lists of a
+    lookup are shared between keys with the same holders, so the preferred
+    holder is chosen once per distinct list.
+    """
+    found = found if isinstance(found, list) else list(found)
+    try:
+        lead = found[: found.index([])]  # up to the first key nobody holds
+    except ValueError:
+        lead = found
+    distinct = dict(zip(map(id, lead), lead))
+    best_of = {
+        i: hs[0] if len(hs) == 1 else min(hs, key=lambda h: preference(h, node_id)) for i, hs in distinct.items()
+    }
+    return PrefixHit(len(lead), list(map(best_of.__getitem__, map(id, lead))))
+
+
+#: The answer for keys nobody holds (shared: answers are read-only).
+_NOBODY: list[HolderInfo] = []
+
+
+def _answers(slots: list[Any], table: dict[int, dict[str, Any]]) -> list[list[HolderInfo]]:
+    """A shard's per-key slots -> per-key holder lists (one list per distinct answer)."""
+    holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
+    memo: dict[Any, list[HolderInfo]] = {None: _NOBODY}
+    for v in set(slots):
+        if v is not None:
+            memo[v] = [holders[v]] if isinstance(v, int) else [holders[s] for s in v]
+    return list(map(memo.__getitem__, slots))
+
+
+def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
+    """``keys`` as a list of ``bytes`` (no per-key call when they already are)."""
+    if set(map(type, keys)) <= {bytes}:
+        return list(keys)
+    return [bytes(k) for k in keys]
+
+
+def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
+    """``shard_of`` of every key, vectorized; None unless all keys have one length >= 8."""
+    lengths = set(map(len, keys))
+    if len(lengths) != 1:
+        return None
+    (length,) = lengths
+    if length < 8:
+        return None
+    raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length)
+    heads = np.ascontiguousarray(raw[:, :8]).view(">u8").reshape(-1)
+    return heads % np.uint64(num_shards)
+
+
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
@@ -49,15 +103,15 @@ class PendingLookup:
         return len(ready) == len(refs)
 
     def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
-        """Holders of each key (empty list: nobody)."""
-        out: list[list[HolderInfo]] = [[] for _ in self.keys]
+        """Holders of each key (empty list: nobody). Keys with the same holders
+        share one list: treat the lists as read-only."""
         answers = ray.get([ref for _, ref in self.parts], timeout=timeout)
+        if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
+            return _answers(*answers[0])  # one shard had every key, in order
+        out: list[list[HolderInfo]] = [_NOBODY] * len(self.keys)
         for (positions, _), (slots, table) in zip(self.parts, answers):
-            holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
-            for pos, v in zip(positions, slots):
-                if v is None:
-                    continue
-                out[pos] = [holders[v]] if isinstance(v, int) else [holders[s] for s in v]
+            for pos, holders in zip(positions, _answers(slots, table)):
+                out[pos] = holders
         return out
 
 
@@ -74,14 +128,27 @@ class DirectoryClient:
         return len(self.shards)
 
     def _split(self, keys: Sequence[bytes]) -> list[tuple[list[int], list[bytes]]]:
+        """Per shard: the positions of its keys in ``keys``, and those keys (as bytes)."""
         n = len(self.shards)
-        positions: list[list[int]] = [[] for _ in range(n)]
-        parts: list[list[bytes]] = [[] for _ in range(n)]
-        for i, key in enumerate(keys):
-            s = shard_of(key, n)
-            positions[s].append(i)
-            parts[s].append(bytes(key))
-        return list(zip(positions, parts))
+        keys = as_bytes(keys)
+        if n == 1:
+            return [(list(range(len(keys))), keys)]
+        ids = shard_ids(keys, n) if len(keys) >= 64 else None
+        if ids is None:  # few keys, or keys of different lengths
+            positions: list[list[int]] = [[] for _ in range(n)]
+            parts: list[list[bytes]] = [[] for _ in range(n)]
+            for i, key in enumerate(keys):
+                s = shard_of(key, n)
+                positions[s].append(i)
+                parts[s].append(key)
+            return list(zip(positions, parts))
+        order = np.argsort(ids, kind="stable")
+        bounds = np.cumsum(np.bincount(ids, minlength=n))
+        out = []
+        for s in range(n):
+            pos = order[(bounds[s - 1] if s else 0) : bounds[s]].tolist()
+            out.append((pos, list(map(keys.__getitem__, pos))))
+        return out
 
     # -- holders ---------------------------------------------------------
     def add_holder(self, info: HolderInfo, handle: Any) -> list[ray.ObjectRef]:
@@ -107,7 +174,7 @@ class DirectoryClient:
         ]
 
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
-        keys = [bytes(k) for k in keys]
+        keys = as_bytes(keys)
         parts = [
             (pos, self.shards[i].lookup.remote(part))
             for i, (pos, part) in enumerate(self._split(keys))
@@ -124,13 +191,7 @@ class DirectoryClient:
     ) -> PrefixHit:
         """Leading keys held anywhere, each with its preferred holder:
         this node's plasma, then shared storage, then another node's plasma."""
-        found = self.lookup(keys, timeout)
-        best: list[HolderInfo] = []
-        for holders in found:
-            if not holders:
-                break
-            best.append(min(holders, key=lambda h: preference(h, node_id)))
-        return PrefixHit(len(best), best)
+        return prefix_of(self.lookup(keys, timeout), node_id)
 
     def stats(self, timeout: float | None = 30.0) -> list[dict[str, Any]]:
         return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
@@ -234,19 +295,31 @@ class LookupCache:
                 time.sleep(0.001)
 
     def note_stored(self, keys: Sequence[bytes], holder: HolderInfo) -> None:
-        """Record that ``holder`` now holds ``keys`` (our own stores)."""
-        now = time.monotonic()
-        with self._lock:
-            for k in keys:
-                _, holders = self._answers.get(k, (now, []))
-                if holder not in holders:
-                    holders = [*holders, holder]
-                self._answers[k] = (now, holders)
+        """Record that ``holder`` now holds ``keys`` (our own stores).
 
-    def invalidate(self, keys: Sequence[bytes]) -> None:
+        Only keys with a cached answer are updated: for the others we do not
+        know who else holds them, and an entry naming ``holder`` alone would
+        make other tiers of this process answer MISS for blocks they hold.
+        """
         with self._lock:
             for k in keys:
-                self._answers.pop(k, None)
+                cached = self._answers.get(k)
+                if cached is not None and holder not in cached[1]:
+                    self._answers[k] = (cached[0], [*cached[1], holder])
+
+    def invalidate(self, keys: Sequence[bytes], tier_type: str | None = None) -> None:
+        """Forget cached answers for ``keys``: only their ``tier_type`` holders
+        when given (the other tiers' holders stay known), else all of them."""
+        with self._lock:
+            for k in keys:
+                cached = self._answers.get(k)
+                if cached is None:
+                    continue
+                rest = [h for h in cached[1] if tier_type is not None and h.tier_type != tier_type]
+                if rest:
+                    self._answers[k] = (cached[0], rest)
+                else:
+                    self._answers.pop(k, None)
 
 
 class PolicyCache:

@@ -25,7 +25,8 @@ import ray
 from raykv import naming
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
-from raykv.tier_base import WatchableActor
+from raykv.metrics import ActorMetrics
+from raykv.tier_base import WatchableActor, settle
 from tiers.fs.storage import open_storage
 
 logger = logging.getLogger(__name__)
@@ -53,48 +54,21 @@ def _fmt_bytes(n: float) -> str:
     return f"{n} B"
 
 
-class _Metrics:
-    """Occupancy of the root as Ray metrics (``raykv_fs_*``, tagged by holder)."""
+class _Metrics(ActorMetrics):
+    """Occupancy of the root as raykv's tier metrics (``raykv_tier_*``; tier fs, node "shared")."""
+
+    COUNTERS = {
+        "committed": "raykv_tier_stored_blocks",
+        "evicted": "raykv_tier_evicted_blocks",
+        "removed": "raykv_tier_removed_blocks",
+    }
 
     def __init__(self, holder_id: str, root: str) -> None:
-        self._last: dict[str, int] = {}
-        try:
-            from ray.util import metrics
-
-            tags = ("holder", "root")
-            self._tags = {"holder": holder_id, "root": root}
-            self._gauges = {
-                name: metrics.Gauge(f"raykv_fs_{name}", description=desc, tag_keys=tags)
-                for name, desc in (
-                    ("files", "block files held under the root"),
-                    ("bytes", "bytes of block files held under the root"),
-                    ("capacity_bytes", "byte capacity of the root (0: unlimited)"),
-                )
-            }
-            self._counters = {
-                name: metrics.Counter(f"raykv_fs_{name}", description=desc, tag_keys=tags)
-                for name, desc in (
-                    ("evicted", "block files evicted to stay within capacity"),
-                    ("removed", "block files removed as corrupt or missing"),
-                    ("committed", "block files committed by engines"),
-                )
-            }
-        except Exception as e:  # metrics are best effort
-            logger.debug("fs metrics unavailable: %r", e)
-            self._gauges, self._counters = {}, {}
+        super().__init__("fs", None, holder_id, self.COUNTERS)
+        self.root = root
 
     def publish(self, files: int, nbytes: int, capacity: int, counters: dict[str, int]) -> None:
-        try:
-            for name, value in (("files", files), ("bytes", nbytes), ("capacity_bytes", capacity)):
-                if name in self._gauges:
-                    self._gauges[name].set(value, tags=self._tags)
-            for name, counter in self._counters.items():
-                delta = counters.get(name, 0) - self._last.get(name, 0)
-                if delta > 0:
-                    counter.inc(delta, tags=self._tags)
-                    self._last[name] = counters[name]
-        except Exception as e:
-            logger.debug("fs metrics not published: %r", e)
+        self.record(files, nbytes, capacity, counters)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)
@@ -110,7 +84,7 @@ class FsRootActor(WatchableActor):
         self.info = holder_info(root, namespace)
         self._index: OrderedDict[bytes, int] = OrderedDict()
         self._bytes = 0
-        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "touches": 0}
+        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "touches": 0, "directory_errors": 0}
         self.removed_reasons: dict[str, int] = {}
         self.started_at = time.time()
         self._metrics = _Metrics(self.info.holder_id, root)
@@ -132,9 +106,7 @@ class FsRootActor(WatchableActor):
         ]
         self._directory = DirectoryClient(shards)
         me = ray.get_runtime_context().current_actor
-        await asyncio.gather(
-            *self._directory.add_holder(self.info, me), self._control.add_holder.remote(self.info.to_dict())
-        )
+        await settle([*self._directory.add_holder(self.info, me), self._control.add_holder.remote(self.info.to_dict())])
         t0 = time.monotonic()
         entries = await asyncio.to_thread(self.storage.scan, self._tmp_max_age_s)
         for e in sorted(entries, key=lambda e: e.mtime):  # oldest first: mtime stands in for last use
@@ -146,7 +118,7 @@ class FsRootActor(WatchableActor):
             await asyncio.to_thread(self.storage.delete, evicted)
         keys = list(self._index)
         for i in range(0, len(keys), REGISTER_BATCH):
-            await asyncio.gather(*self._directory.register(self.info.holder_id, keys[i : i + REGISTER_BATCH]))
+            await settle(self._directory.register(self.info.holder_id, keys[i : i + REGISTER_BATCH]))
         self.scanned = len(entries)
         self._publish()
         logger.info(
@@ -196,6 +168,14 @@ class FsRootActor(WatchableActor):
     async def commit(
         self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
     ) -> dict[str, list[bytes]]:
+        """``_commit``, run to its end even if the calling engine dies mid-call
+        (Ray cancels a dead caller's tasks; the index, the directory and the
+        files must still agree)."""
+        return await asyncio.shield(self._commit(keys, sizes, verify))
+
+    async def _commit(
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+    ) -> dict[str, list[bytes]]:
         """Take ``keys`` (files written, or found present, by an engine) into the index.
 
         ``verify``: keys the engine did not write because their file existed;
@@ -231,7 +211,7 @@ class FsRootActor(WatchableActor):
         refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
         if evicted:
             refs += self._directory.unregister(self.info.holder_id, evicted)
-        await asyncio.gather(*refs)
+        self.counters["directory_errors"] += await settle(refs)
         if evicted:  # after the directory stopped pointing at them
             await self._delete_files(evicted)
         self._publish()
@@ -246,6 +226,10 @@ class FsRootActor(WatchableActor):
                 self._index.move_to_end(k)
 
     async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
+        """``_remove``, run to its end even if the caller dies mid-call."""
+        return await asyncio.shield(self._remove(keys, reason))
+
+    async def _remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
         """Forget keys (corrupt or missing files): unregister and delete them.
 
         For ``reason="missing"`` the files are looked up here first and keys
@@ -261,7 +245,7 @@ class FsRootActor(WatchableActor):
         dropped = self._drop(keys)
         self.counters["removed"] += len(dropped)
         self.removed_reasons[reason] = self.removed_reasons.get(reason, 0) + len(keys)
-        await asyncio.gather(*self._directory.unregister(self.info.holder_id, keys))
+        self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, keys))
         if reason != "missing":
             await self._delete_files(keys)
         self._publish()
@@ -272,7 +256,7 @@ class FsRootActor(WatchableActor):
         self.capacity = int(capacity_bytes)
         evicted = self._evict()
         if evicted:
-            await asyncio.gather(*self._directory.unregister(self.info.holder_id, evicted))
+            self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, evicted))
             await self._delete_files(evicted)
         self._publish()
         return evicted
@@ -281,6 +265,9 @@ class FsRootActor(WatchableActor):
         """Held keys, least recently used first (tools and tests)."""
         await self._started
         return list(self._index)
+
+    def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
+        return self.info, list(self._index)
 
     async def stats(self) -> dict[str, Any]:
         await self._started

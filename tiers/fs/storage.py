@@ -223,6 +223,9 @@ class LocalStorage(Storage):
         spare = bytearray(1)
         fd = os.open(self.path_of(key), os.O_RDONLY | _O_CLOEXEC)
         try:
+            size = os.fstat(fd).st_size
+            if size != hlen + len(payload):  # checked before touching the slot
+                raise fmt.FormatError(f"file length {size} != {hlen + len(payload)} (truncated or overlong)")
             n = _preadv_all(fd, [head, payload, spare])
         finally:
             os.close(fd)

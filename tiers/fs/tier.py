@@ -36,7 +36,7 @@ from raykv.config import opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.errors import RaykvError
-from raykv.keys import OffloadKey
+from raykv.keys import OffloadKey, validate_key
 from raykv.tier_base import DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
@@ -47,6 +47,8 @@ from tiers.fs.storage import canonical_root, check_root, open_storage
 logger = logging.getLogger(__name__)
 
 GiB = 1024**3
+#: How a control call's error starts when the live root actor raised (it did nothing).
+_COMMIT_REFUSED = "fs root actor failed"
 
 
 def _check_namespace(value: str) -> str | None:
@@ -239,7 +241,7 @@ class _Controller:
             self._mark_dead(e)
             return None, f"fs root actor unavailable: {type(e).__name__}"
         except ray.exceptions.RayTaskError as e:  # the call raised; the actor lives on
-            return None, f"fs root actor failed: {e.cause!r}"
+            return None, f"{_COMMIT_REFUSED}: {e.cause!r}"
         except Exception as e:
             return None, f"fs root actor call failed: {e!r}"
 
@@ -350,7 +352,7 @@ class FsTier(DirectoryBackedTier):
     def _submit(self, job: TransferJob, store: bool) -> None:
         self.jobs.begin(job)
         try:
-            keys = [bytes(k) for k in job.keys]
+            keys = [validate_key(k) for k in job.keys]
             chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
             if len(keys) != len(chunks):
                 raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
@@ -405,14 +407,19 @@ class FsTier(DirectoryBackedTier):
         """Control thread: the commit came back (``result``) or failed (``err``)."""
         committed = state.with_kind("written", "existing")
         if err is not None:
-            # Nobody accounts for the files we wrote: take them back.
-            self.storage.delete([state.keys[i] for i in state.with_kind("written")])
+            if err.startswith(_COMMIT_REFUSED):
+                # The live actor refused the commit: nobody accounts for the files we wrote.
+                self.storage.delete([state.keys[i] for i in state.with_kind("written")])
+            # Otherwise the actor died or did not answer: the commit may have
+            # happened, and a restarted actor rescans the root and adopts the
+            # files, so they must stay (deleting them could leave its index,
+            # or another engine's commit of the same key, without a file).
             self.jobs.fail(state.job, f"stored files not committed: {err}")
             return
         evicted = set(result["evicted"])
         missing = set(result["missing"])
         if evicted:
-            self._cache.invalidate(list(evicted))
+            self._cache.invalidate(list(evicted), "fs")
         held = [state.keys[i] for i in committed if state.keys[i] not in evicted and state.keys[i] not in missing]
         if held:
             self._cache.note_stored(held, self.holder_info)
@@ -451,7 +458,7 @@ class FsTier(DirectoryBackedTier):
             self.jobs.succeed(state.job, transfer_bytes=len(ok) * self.block_size_bytes)
             return
         failed = [i for i in range(len(state.keys)) if state.outcomes[i][0] != "ok"]
-        self._cache.invalidate([state.keys[i] for i in failed])
+        self._cache.invalidate([state.keys[i] for i in failed], "fs")
         bad = [i for i in failed if state.outcomes[i][0] in ("corrupt", "missing")]
         if bad and not self._closed:
             self._control.remove(state, bad)  # finishes the job once the directory knows
@@ -465,7 +472,7 @@ class FsTier(DirectoryBackedTier):
         ok = state.with_kind("ok")
         orig = list(state.job.keys)
         failed = [i for i in range(len(state.keys)) if state.outcomes[i][0] != "ok"]
-        self._cache.invalidate([state.keys[i] for i in failed])
+        self._cache.invalidate([state.keys[i] for i in failed], "fs")
         self.jobs.fail(
             state.job,
             _summary(state, failed, "not loaded"),

@@ -35,7 +35,7 @@ from raykv.config import opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import PLASMA, SHARED, HolderInfo
 from raykv.errors import RaykvError
-from raykv.keys import OffloadKey
+from raykv.keys import OffloadKey, validate_key
 from raykv.primary import RegionHandle, describe_region
 from raykv.tier_base import DirectoryBackedTier
 from tiers.object_store import packing
@@ -191,7 +191,7 @@ class ObjectStoreTier(DirectoryBackedTier):
     def _submit(self, kind: str, job: TransferJob) -> None:
         self.jobs.begin(job)
         try:
-            keys = [bytes(k) for k in job.keys]
+            keys = [validate_key(k) for k in job.keys]
             chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
             if len(keys) != len(chunks):
                 raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
@@ -277,19 +277,19 @@ class ObjectStoreTier(DirectoryBackedTier):
         if ref is None:
             self.jobs.fail(job, f"object_store {entry.kind} timed out after {self.options.job_timeout_s}s")
             if entry.kind == "load":
-                self._cache.invalidate(entry.keys)
+                self._cache.invalidate(entry.keys, TIER_TYPE)
             return
         try:
             out = ray.get(ref, timeout=0)
         except ray.exceptions.RayActorError as e:
             self.jobs.fail(job, f"object_store actor of node {self.node_id} unavailable: {type(e).__name__}")
             if entry.kind == "load":
-                self._cache.invalidate(entry.keys)
+                self._cache.invalidate(entry.keys, TIER_TYPE)
             return
         except Exception as e:
             self.jobs.fail(job, f"object_store {entry.kind} failed: {e!r}")
             if entry.kind == "load":
-                self._cache.invalidate(entry.keys)
+                self._cache.invalidate(entry.keys, TIER_TYPE)
             return
         if entry.kind == "store":
             if out.get("error"):
@@ -302,7 +302,7 @@ class ObjectStoreTier(DirectoryBackedTier):
         if not errors:
             self.jobs.succeed(job, transfer_bytes=out.get("bytes", 0))
             return
-        self._cache.invalidate([entry.keys[i] for i in errors])
+        self._cache.invalidate([entry.keys[i] for i in errors], TIER_TYPE)
         originals = list(job.keys)
         ok = [originals[i] for i in out.get("ok", [])]
         shown = "; ".join(f"{entry.keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])

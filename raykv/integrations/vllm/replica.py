@@ -8,8 +8,10 @@ run the same way.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -117,3 +119,78 @@ def start_replica(
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         runtime_env={"env_vars": env_vars},
     ).remote(model, kv_transfer_config, dict(engine_kwargs or {}))
+
+
+BLOCK_TOKENS = 128  # vLLM's CPU backend block size
+
+
+def engine_kwargs(max_model_len: int, engine_blocks: int) -> dict[str, Any]:
+    """Engine arguments of a small-cache replica (``engine_blocks`` blocks of KV)."""
+    return {
+        "max_model_len": max_model_len,
+        "num_gpu_blocks_override": engine_blocks,
+        "enforce_eager": True,
+        "disable_log_stats": False,
+    }
+
+
+def chunk_bytes(model: str, block_tokens: int = BLOCK_TOKENS, dtype_bytes: int = 2) -> int:
+    """Bytes of one KV block of ``model`` (K and V, all layers): sizes CPU primaries."""
+    with open(f"{model}/config.json") as f:
+        cfg = json.load(f)
+    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    return 2 * cfg["num_hidden_layers"] * heads * head_dim * block_tokens * dtype_bytes
+
+
+def start_local_cluster(num_nodes: int, object_store_mib: int = 384) -> tuple[Any, list[str]]:
+    """An embedded Ray of ``num_nodes`` simulated nodes; returns it and its node ids (head first)."""
+    from ray.cluster_utils import Cluster
+
+    mib = 1024 * 1024
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": object_store_mib * mib, "include_dashboard": False},
+    )
+    for _ in range(num_nodes - 1):
+        cluster.add_node(num_cpus=1, object_store_memory=object_store_mib * mib)
+    ray.init(address=cluster.address, log_to_driver=False)
+    head = ray.get_runtime_context().get_node_id()
+    nodes = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: n != head)
+    return cluster, nodes
+
+
+def run_trace(
+    name: str,
+    nodes: list[str],
+    model: str,
+    kv_config: dict[str, Any] | None,
+    trace: Sequence[Any],
+    engine_kw: dict[str, Any],
+    progress: Any,
+    after: Callable[[list[Any]], Any] | None = None,
+) -> tuple[list[dict[str, Any]], Any]:
+    """Start one replica per node, send ``trace`` (requests with ``replica`` and
+    ``prompt_token_ids``) one at a time, then ``after(replicas)``, and stop the
+    replicas. Returns one result per request, and what ``after`` returned."""
+    from raykv.models.tiny import make_prompt_tokens
+
+    progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
+    replicas = [start_replica(node, model, kv_config, engine_kw) for node in nodes]
+    try:
+        ray.get([r.ready.remote() for r in replicas], timeout=600)
+        # The first request of an engine pays one-off kernel set-up: not timed.
+        ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
+        progress.set_description(f"{name}: {len(trace)} requests")
+        results = []
+        for req in trace:
+            results.append(ray.get(replicas[req.replica].generate.remote(req.prompt_token_ids), timeout=600))
+            progress.update(1)
+        return results, (after(replicas) if after is not None else None)
+    finally:
+        for r in replicas:
+            try:
+                ray.get(r.shutdown.remote(), timeout=60)
+            except Exception:
+                pass
+            ray.kill(r)

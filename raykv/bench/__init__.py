@@ -1,0 +1,47 @@
+"""``raykv bench <name>``: benchmarks that measure raykv against baselines of the same run.
+
+Each benchmark is a module of this package exposing:
+
+- ``HELP``: one line for ``raykv bench --help``;
+- ``add_arguments(parser)``: its own flags (``--json``, ``--quick`` and
+  ``--no-progress`` are added for every benchmark by the CLI);
+- ``run(args) -> dict``: runs it and returns one JSON-able result (with a
+  ``targets`` list, see ``raykv.bench.common.target``);
+- ``format_result(result) -> str``: the human-readable tables.
+
+A benchmark is listed when its module exists: adding ``raykv/bench/e2e.py``
+is all it takes for ``raykv bench e2e`` to appear.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+#: name -> module implementing it (modules that are not installed are skipped).
+BENCHMARKS: dict[str, str] = {
+    "dataplane": "raykv.bench.dataplane",
+    "directory": "raykv.bench.directory",
+    "e2e": "raykv.bench.e2e",  # real vLLM engines; lands with the vLLM adapters
+}
+
+
+def available() -> list[str]:
+    """Names of the benchmarks whose module is present."""
+    out = []
+    for name, module in BENCHMARKS.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if found:
+            out.append(name)
+    return out
+
+
+def load(name: str) -> ModuleType:
+    """The module of benchmark ``name``."""
+    if name not in BENCHMARKS:
+        raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(available())}")
+    return importlib.import_module(BENCHMARKS[name])

@@ -1,0 +1,169 @@
+"""Helpers shared by the benchmarks: statistics, targets, tables, progress, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+def median(xs: Sequence[float]) -> float:
+    """Median, or NaN for no samples."""
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100, linear interpolation), NaN for no samples."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    pos = (len(s) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+def gbps(nbytes: float, seconds: float) -> float:
+    """Decimal GB/s (NaN when nothing was timed)."""
+    return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b`` or None when either is missing or ``b`` is 0."""
+    if a is None or b is None or b == 0 or a != a or b != b:
+        return None
+    return a / b
+
+
+def size_label(nbytes: int) -> str:
+    """64KiB, 512KiB, 2MiB..."""
+    for unit, n in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= n and nbytes % n == 0:
+            return f"{nbytes // n}{unit}"
+    return f"{nbytes}B"
+
+
+def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> dict[str, Any]:
+    """One target line: ``passed`` is None when the value could not be measured."""
+    if value is None or value != value:
+        passed = None
+    else:
+        passed = value >= threshold if higher_is_better else value <= threshold
+    return {
+        "target": name,
+        "value": value,
+        "threshold": threshold,
+        "op": ">=" if higher_is_better else "<=",
+        "passed": passed,
+        "detail": detail,
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = int(line.split()[1]) * KiB
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "memory_bytes": mem,
+        "loadavg_1m": load,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    """A table cell."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        if abs(v) >= 1e5:
+            return f"{v:,.0f}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str = "") -> str:
+    """A plain-text table (first column left-aligned, the rest right-aligned)."""
+    cells = [[fmt(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in cells:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+
+    def line(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
+
+    out = [title] if title else []
+    out.append(line(headers))
+    out.append("  ".join("-" * w for w in widths))
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def targets_table(targets: Sequence[dict[str, Any]]) -> str:
+    """The targets with their measured values and pass/miss."""
+    rows = []
+    for t in targets:
+        verdict = {True: "pass", False: "MISS", None: "n/a"}[t["passed"]]
+        rows.append((t["target"], t["value"], f"{t['op']} {fmt(t['threshold'])}", verdict, t.get("detail", "")))
+    return table(("target", "measured", "wanted", "result", "detail"), rows, title="Targets")
+
+
+def to_json(result: dict[str, Any]) -> str:
+    """One JSON object (NaN becomes null)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and x != x:
+            return None
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(result), indent=2)
+
+
+class Progress:
+    """A tqdm bar on stderr over a known number of steps (silent when disabled)."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def step(self, what: str = "", n: int = 1) -> None:
+        if self._bar is not None:
+            if what:
+                self._bar.set_postfix_str(what, refresh=False)
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,245 @@
+"""``raykv bench e2e``: real vLLM engines, N replicas round-robin, four cache set-ups.
+
+One replica per simulated node of an embedded Ray (``ray.cluster_utils.Cluster``),
+each with a small engine KV cache, serves the same multi-turn shared-prefix
+trace (``raykv.workload``) under each configuration:
+
+- ``no_offload``: vLLM's own prefix cache only;
+- ``cpu_offload``: plus vLLM's per-replica CPU offload (what each replica remembers);
+- ``vllm_fs``: plus vLLM's own ``fs`` tier on one shared root (its cross-replica option);
+- ``raykv``: plus raykv's cluster cache (each node's object store, then a shared fs root).
+
+For each: prefix hit rate (cached / prompt tokens), TTFT p50/p99 (one output
+token, requests sent one at a time) and prompt tokens/s; the oracle is one
+unbounded cache shared by all replicas. The TTFT speed-up on hits compares,
+request by request, the requests where raykv hit >= 1k prefix tokens with
+the same requests under ``no_offload`` (recompute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from typing import Any
+
+from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.integrations.vllm.replica import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
+from raykv.workload import build_trace, model_len_for, oracle_hit_tokens
+
+HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no offload, CPU offload, vLLM fs, raykv"
+
+NAMESPACE = "raykv-bench-e2e"
+ENGINE_BLOCKS = 16
+PRIMARY_CHUNKS = 96
+CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv")
+HIT_PREFIX_TOKENS = 1024
+PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int, default=4, help="vLLM replicas, one per simulated node (default 4)")
+    p.add_argument("--sessions", type=int, default=7, help="conversations (default 7; keep it coprime to replicas)")
+    p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
+    p.add_argument("--model", help="model path (default: the tiny local model)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+
+
+def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
+    from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config
+
+    cpu = PRIMARY_CHUNKS * chunk
+    if name == "no_offload":
+        return None
+    if name == "cpu_offload":
+        return kv_transfer_config([], cpu_bytes=cpu)
+    if name == "vllm_fs":
+        return kv_transfer_config([{"type": "fs", "root_dir": f"{root}/vllm-fs"}], cpu_bytes=cpu)
+    return raykv_kv_transfer_config(_raykv_config(root), cpu_bytes=cpu)
+
+
+def _raykv_config(root: str) -> dict[str, Any]:
+    return {
+        "namespace": NAMESPACE,
+        "tiers": [
+            {"type": "object_store", "capacity_bytes": 256 << 20},
+            {"type": "fs", "root": f"{root}/raykv-fs", "capacity_bytes": 1 << 30},
+        ],
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run every configuration on one embedded cluster; returns the JSON result."""
+    import ray
+    from tqdm import tqdm
+
+    import raykv
+    from raykv.integrations.vllm import require_vllm
+    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+
+    require_vllm()
+    if args.quick:
+        args.replicas, args.sessions, args.turns = 2, 3, 2
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        raise ValueError(f"--configs: unknown {sorted(unknown)}; allowed: {', '.join(CONFIGS)}")
+    model = args.model or build_tiny_model()
+    trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
+    kw = engine_kwargs(model_len_for(trace, BLOCK_TOKENS), ENGINE_BLOCKS)
+    chunk = chunk_bytes(model)
+    info = machine()
+    cluster, nodes = start_local_cluster(args.replicas)
+    progress = tqdm(total=len(configs) * len(trace), file=sys.stderr, disable=args.no_progress, unit="req")
+    per_config: dict[str, Any] = {}
+    result_probe: dict[str, Any] | None = None
+    raw: dict[str, list[dict[str, Any]]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
+            for name in configs:
+                services = raykv.start(_raykv_config(root)) if name == "raykv" else None
+                t0 = time.perf_counter()
+                results, probe = run_trace(
+                    name, nodes, model, _kv_config(name, chunk, root), trace, kw, progress,
+                    after=_prefix_probe if name == "raykv" else None,
+                )
+                if probe is not None:
+                    result_probe = probe
+                wall = time.perf_counter() - t0
+                if services is not None:
+                    services.shutdown()
+                raw[name] = results
+                busy = sum(r["ttft_ms"] for r in results) / 1000
+                ttft = [r["ttft_ms"] for r in results]
+                hits = sum(r["cached_tokens"] for r in results)
+                per_config[name] = {
+                    "hit_tokens": hits,
+                    "hit_rate": hits / prompt_tokens,
+                    "ttft_p50_ms": percentile(ttft, 50),
+                    "ttft_p99_ms": percentile(ttft, 99),
+                    "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
+                    "wall_s_with_replica_start": wall,
+                }
+    finally:
+        progress.close()
+        ray.shutdown()
+        cluster.shutdown()
+    oracle = oracle_hit_tokens(trace, BLOCK_TOKENS)
+    result: dict[str, Any] = {
+        "benchmark": "e2e",
+        "machine": info,
+        "model": MODEL_NAME if args.model is None else args.model,
+        "replicas": args.replicas,
+        "requests": len(trace),
+        "prompt_tokens": prompt_tokens,
+        "oracle_hit_tokens": oracle,
+        "oracle_hit_rate": oracle / prompt_tokens,
+        "configs": per_config,
+    }
+    result["share_of_oracle"] = {name: c["hit_rate"] / result["oracle_hit_rate"] for name, c in per_config.items()}
+    result["hit_speedup"] = _hit_speedup(raw)
+    result["prefix_probe"] = result_probe
+    result["targets"] = _targets(result)
+    return result
+
+
+def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
+    """TTFT of a 1k-token-prefix prompt computed cold on one replica, then on the
+    next replica, where the whole prefix comes from raykv (cross-node)."""
+    import ray
+
+    from raykv.models.tiny import make_prompt_tokens
+
+    cold, hit, cached = [], [], []
+    for i in range(rounds):
+        prompt = make_prompt_tokens(PROBE_PROMPT_TOKENS, seed=77_000 + i)
+        a, b = replicas[i % len(replicas)], replicas[(i + 1) % len(replicas)]
+        cold.append(ray.get(a.generate.remote(prompt), timeout=600)["ttft_ms"])
+        out = ray.get(b.generate.remote(prompt), timeout=600)
+        hit.append(out["ttft_ms"])
+        cached.append(out["cached_tokens"])
+    c50, h50 = percentile(cold, 50), percentile(hit, 50)
+    return {
+        "prompt_tokens": PROBE_PROMPT_TOKENS,
+        "cached_tokens_p50": percentile(cached, 50),
+        "recompute_ttft_p50_ms": c50,
+        "raykv_ttft_p50_ms": h50,
+        "speedup": c50 / h50 if h50 else None,
+    }
+
+
+def _hit_speedup(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """TTFT of recompute over TTFT from raykv, for requests raykv served >= 1k prefix tokens."""
+    if "raykv" not in raw or "no_offload" not in raw:
+        return None
+    pairs = [
+        (base["ttft_ms"], ours["ttft_ms"])
+        for base, ours in zip(raw["no_offload"], raw["raykv"])
+        if ours["cached_tokens"] >= HIT_PREFIX_TOKENS and base["cached_tokens"] < HIT_PREFIX_TOKENS
+    ]
+    if not pairs:
+        return {"requests": 0}
+    recompute = percentile([a for a, _ in pairs], 50)
+    from_raykv = percentile([b for _, b in pairs], 50)
+    return {
+        "requests": len(pairs),
+        "recompute_ttft_p50_ms": recompute,
+        "raykv_ttft_p50_ms": from_raykv,
+        "speedup": recompute / from_raykv if from_raykv else None,
+    }
+
+
+def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    cfg = r["configs"]
+    if "raykv" in cfg:
+        out.append(target("raykv hit rate / oracle", cfg["raykv"]["hit_rate"] / r["oracle_hit_rate"], 0.9))
+    probe = r.get("prefix_probe") or {}
+    out.append(
+        target(
+            "TTFT recompute / TTFT raykv hit (1k-token prefix, other replica)",
+            probe.get("speedup"),
+            3.0,
+            detail=f"{probe.get('prompt_tokens', 0)}-token prompts, {probe.get('cached_tokens_p50', 0):.0f} cached",
+        )
+    )
+    return out
+
+
+def format_result(r: dict[str, Any]) -> str:
+    rows = [
+        (
+            name,
+            c["hit_tokens"],
+            f"{c['hit_rate']:.0%}",
+            f"{r['share_of_oracle'][name]:.0%}",
+            c["ttft_p50_ms"],
+            c["ttft_p99_ms"],
+            c["prompt_tokens_per_s"],
+        )
+        for name, c in r["configs"].items()
+    ]
+    rows.append(("oracle (one unbounded cache)", r["oracle_hit_tokens"], f"{r['oracle_hit_rate']:.0%}", "100%", None, None, None))
+    head = (
+        f"e2e: {r['replicas']} vLLM replicas round-robin, {r['requests']} requests, "
+        f"{r['prompt_tokens']} prompt tokens, model {r['model']}"
+    )
+    out = [table(("config", "hit tokens", "hit rate", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "prompt tok/s"), rows, title=head)]
+    speed = r.get("hit_speedup")
+    if speed and speed.get("requests"):
+        out.append(
+            f"\nrequests with >= {HIT_PREFIX_TOKENS} prefix tokens from raykv: {speed['requests']}; TTFT p50 "
+            f"{speed['recompute_ttft_p50_ms']:.0f} ms recomputed vs {speed['raykv_ttft_p50_ms']:.0f} ms from raykv "
+            f"({speed['speedup']:.1f}x)"
+        )
+    probe = r.get("prefix_probe")
+    if probe:
+        out.append(
+            f"1k-prefix probe: {probe['prompt_tokens']}-token prompts, computed on one replica in "
+            f"{probe['recompute_ttft_p50_ms']:.0f} ms (p50), then on the next replica from raykv in "
+            f"{probe['raykv_ttft_p50_ms']:.0f} ms ({probe['speedup']:.1f}x)"
+        )
+    out.append("\n" + targets_table(r["targets"]))
+    return "\n".join(out)

@@ -1,0 +1,99 @@
+"""Ray Serve LLM with raykv attached.
+
+``llm_config(...)`` returns a ``ray.serve.llm.LLMConfig`` whose engine kwargs
+carry raykv's ``kv_transfer_config``; ``build_app(...)`` wraps it in Ray
+Serve's OpenAI-compatible app. Serve replicas run in the Ray namespace
+"serve", so every raykv tier names raykv's own namespace explicitly, and a
+replica starts the raykv services when none run there yet (idempotent). vLLM's
+engine process joins the cluster through ``RAY_ADDRESS`` (``auto`` on a Ray
+node).
+
+For ``serve run`` / ``serve deploy``: ``cluster_configs/serve_llm.yaml`` names
+``raykv.serve:app_builder`` as its import path, with these arguments as args.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from raykv.integrations.vllm import raykv_kv_transfer_config
+
+#: raykv tiers of a Serve LLM app when none are given: each node's object store.
+DEFAULT_TIERS: list[dict[str, Any]] = [{"type": "object_store"}]
+
+
+def llm_config(
+    model: str,
+    model_id: str | None = None,
+    raykv: dict[str, Any] | None = None,
+    *,
+    cpu_bytes: int = 4 << 30,
+    engine_kwargs: dict[str, Any] | None = None,
+    accelerator: str = "auto",
+    num_replicas: int = 1,
+    env: dict[str, str] | None = None,
+    **llm_config_kwargs: Any,
+) -> Any:
+    """A ``LLMConfig`` for ``model`` with raykv's cluster cache attached.
+
+    Args:
+        model: model path or hub id (``model_source``).
+        model_id: the name clients ask for (default: ``model``).
+        raykv: raykv config (``namespace``, ``tiers``); default: the object
+            store tier in namespace ``raykv``.
+        cpu_bytes: the CPU primary tier of each engine.
+        engine_kwargs: more vLLM engine arguments.
+        accelerator: ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when the cluster has one).
+        num_replicas: Serve replicas of the deployment.
+        env: extra environment variables for the replicas.
+    """
+    from ray.serve.llm import LLMConfig
+
+    raykv_cfg = dict(raykv or {})
+    raykv_cfg.setdefault("tiers", DEFAULT_TIERS)
+    kwargs = dict(engine_kwargs or {})
+    kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes)
+    env_vars = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"), **(env or {})}
+    extra: dict[str, Any] = {}
+    if _use_cpu(accelerator):
+        extra["accelerator_config"] = {"kind": "cpu"}
+        extra["placement_group_config"] = {"bundles": [{"CPU": 1}]}
+        env_vars.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    extra.update(llm_config_kwargs)
+    return LLMConfig(
+        model_loading_config={"model_id": model_id or model, "model_source": model},
+        engine_kwargs=kwargs,
+        deployment_config={"num_replicas": num_replicas},
+        runtime_env={"env_vars": env_vars},
+        **extra,
+    )
+
+
+def build_app(*args: Any, **kwargs: Any) -> Any:
+    """Ray Serve's OpenAI-compatible app for ``llm_config(*args, **kwargs)``."""
+    from ray.serve.llm import build_openai_app
+
+    return build_openai_app({"llm_configs": [llm_config(*args, **kwargs)]})
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Entry point for ``serve run raykv.serve:app_builder key=value ...`` and Serve YAMLs."""
+    args = dict(args)
+    model = args.pop("model", None)
+    if not model:
+        raise ValueError("raykv.serve:app_builder needs a 'model' argument (path or hub id)")
+    for key in ("cpu_bytes", "num_replicas"):
+        if key in args:
+            args[key] = int(args[key])
+    return build_app(model, **args)
+
+
+def _use_cpu(accelerator: str) -> bool:
+    if accelerator not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"accelerator must be one of auto, cpu, gpu; got {accelerator!r}")
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import ray
+
+    return not (ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0)

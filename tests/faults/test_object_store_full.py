@@ -1,0 +1,89 @@
+"""A full Ray object store on a real local Ray: the store job ends in one failed
+result naming the cause, nothing is registered or half-stored, lookups miss;
+once plasma has room again the same tier stores and loads byte-identical blocks.
+
+Ray 2.60 spills, then falls back to disk-backed allocation, before it refuses a
+put; it refuses with ``OutOfDiskError`` ("the local object store is full and the
+local disk's utilization is over capacity") once the disk is over
+``local_fs_capacity_threshold``. A threshold of 0 makes every disk "full", so
+the refusal comes as soon as plasma is full (``ObjectStoreFullError``, its
+older form, is accepted too)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+import raykv
+from raykv.client import TierDriver
+from raykv.contract import LookupResult
+from raykv.factory import TierFactory
+from raykv.keys import prefix_keys
+from raykv.primary import PrimaryRegion
+
+MiB = 1024 * 1024
+BLOCK = MiB
+PLASMA = 96 * MiB
+STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError)
+
+
+@pytest.fixture(scope="module")
+def services_no_spill():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=PLASMA,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config={"local_fs_capacity_threshold": 0.0},
+    )
+    services = raykv.start({"namespace": "raykv-full", "directory_shards": 1})
+    yield services
+    services.shutdown()
+    ray.shutdown()
+
+
+def _fill_plasma() -> list:
+    """Objects the driver holds until plasma refuses more."""
+    ballast = []
+    with pytest.raises(STORE_FULL):
+        for _ in range(2 * PLASMA // (8 * MiB)):
+            ballast.append(ray.put(np.ones(8 * MiB, np.uint8)))
+    return ballast
+
+
+def test_full_object_store_fails_the_store_cleanly(services_no_spill):
+    services = services_no_spill
+    region = PrimaryRegion(16, BLOCK)
+    tier = TierFactory.create_tier(
+        {"type": "object_store", "capacity_bytes": 48 * MiB}, region.view, services=services
+    )
+    driver = TierDriver(tier)
+    keys = prefix_keys(list(range(80)), 10)
+    for i in range(8):
+        region.array[i] = np.random.default_rng(i).integers(0, 256, BLOCK, dtype=np.uint8)
+    try:
+        ballast = _fill_plasma()
+        full = driver.store(keys, list(range(8)), timeout=120)
+        assert not full.success
+        assert "object store is full" in (full.error or ""), full.error
+        assert services.directory.lookup(keys) == [[] for _ in keys], "a failed store registered keys"
+        assert driver.lookup(keys[:1]) == [LookupResult.MISS]
+        stats = tier.stats()
+        assert stats["blocks"] == 0 and stats["bytes_used"] == 0, stats
+        assert stats["counters"].get("store_errors") == 1, stats["counters"]
+
+        del ballast  # plasma frees the driver's objects: the same tier stores again
+        ok = driver.store(keys, list(range(8)), timeout=120)
+        assert ok.success, ok.error
+        assert driver.lookup(keys) == [LookupResult.HIT] * len(keys)
+        loaded = driver.load(keys, list(range(8, 16)))
+        assert loaded.success, loaded.error
+        assert np.array_equal(region.array[8:16], region.array[:8])
+        print(f"\nfull object store -> failed store: {full.error[:120]!r}; after freeing plasma: stored and loaded 8 x 1 MiB")
+    finally:
+        tier.shutdown()
+        region.close()

@@ -1,0 +1,87 @@
+"""Smoke tests of ``raykv bench``: the quick configurations run and report every key.
+
+Nothing here asserts a timing: the numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raykv import bench
+from raykv.cli import build_parser
+
+DATAPLANE_KEYS = (
+    "memcpy_gbps",
+    "object_store_store_gbps",
+    "object_store_load_gbps",
+    "fs_store_gbps",
+    "fs_load_gbps",
+    "raw_file_write_gbps",
+    "raw_file_read_gbps",
+    "vllm_fs_store_gbps",
+    "vllm_fs_load_gbps",
+    "cross_node_load_gbps",
+    "object_store_load_vs_memcpy",
+    "fs_store_vs_raw",
+    "fs_load_vs_vllm_fs",
+)
+DIRECTORY_KEYS = ("lookup_keys_per_s", "lookup_p50_ms", "lookup_p99_ms")
+
+
+def _bench(*args: str, timeout: float = 240) -> dict:
+    """Run ``raykv bench ...`` in a fresh process (it starts its own Ray)."""
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "raykv.cli", "bench", *args, "--json", "--no-progress"],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_registry_and_parser() -> None:
+    names = bench.available()
+    assert {"dataplane", "directory"} <= set(names)
+    args = build_parser().parse_args(["bench", "directory", "--quick", "--shards", "1"])
+    assert args.bench == "directory" and args.quick and args.shards == "1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "no-such-benchmark"])
+
+
+def test_dataplane_quick_json(tmp_path) -> None:
+    out = _bench("dataplane", "--quick", "--block-sizes", "64KiB,2MiB", "--root", str(tmp_path))
+    assert out["benchmark"] == "dataplane"
+    assert set(out["block_sizes"]) == {"64KiB", "2MiB"}
+    for label, d in out["block_sizes"].items():
+        missing = [k for k in DATAPLANE_KEYS if k not in d]
+        assert not missing, f"{label}: {missing}"
+        for k in ("memcpy_gbps", "object_store_load_gbps", "fs_load_gbps", "raw_file_read_gbps", "cross_node_load_gbps"):
+            assert d[k] is not None and d[k] > 0, (label, k, d[k])
+        assert not d["failures"], d["failures"]
+        assert set(d["by_batch"]) == {"1", "8"}
+    assert {t["target"].split(" (")[0] for t in out["targets"]} >= {
+        "object_store load / memcpy", "fs store / raw file write", "fs load / vLLM fs load",
+    }
+    for t in out["targets"]:
+        assert t["passed"] in (True, False, None)
+
+
+def test_directory_quick_json() -> None:
+    out = _bench("directory", "--quick", "--keys", "5k", "--call-sizes", "100,1k", "--calls", "5")
+    assert out["benchmark"] == "directory"
+    assert set(out["configs"]) == {"shards=1,keys=5000", "shards=2,keys=5000"}
+    for name, c in out["configs"].items():
+        assert c["directory_keys"] == 5000, name
+        assert c["bytes_per_key"] is not None
+        for size in ("100", "1000"):
+            m = c["calls"][size]
+            assert all(m[k] is not None and m[k] > 0 for k in DIRECTORY_KEYS), (name, size, m)
+            assert m["misses"] == 0
+    assert len(out["rows"]) == 4
+    assert all(r["lookup_keys_per_s"] > 0 and "bytes_per_key" in r for r in out["rows"])
+    assert len(out["targets"]) >= 4

@@ -1,0 +1,137 @@
+"""Ray Serve LLM with raykv attached: a real Serve app (tiny model on CPU) answering
+OpenAI-style requests from two clients; a long prompt repeated after it left the
+engine's cache and the CPU primary comes back from raykv's fs tier."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+import requests
+
+from raykv import naming
+from raykv.models.tiny import make_prompt_tokens
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "raykv-serve-test"
+MODEL_ID = "tiny"
+PROMPT_LEN = 1001
+CACHEABLE = (PROMPT_LEN // 128) * 128
+URL = "http://127.0.0.1:8000/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def serve_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    pytest.importorskip("ray.serve.llm")
+    from ray import serve
+
+    from raykv.serve import build_app
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=4, object_store_memory=512 << 20, include_dashboard=False, log_to_driver=False)
+    root = str(tmp_path_factory.mktemp("serve-fs"))
+    app = build_app(
+        tiny_model,
+        model_id=MODEL_ID,
+        raykv={"namespace": NAMESPACE, "tiers": [{"type": "fs", "root": root}]},
+        cpu_bytes=16 * (128 << 10),  # 16 chunks: less than the 4 prompts' 28
+        engine_kwargs={
+            "max_model_len": 2048,
+            "num_gpu_blocks_override": 20,
+            "enforce_eager": True,
+            "enable_prompt_tokens_details": True,
+        },
+        accelerator="cpu",
+        env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+    )
+    t0 = time.perf_counter()
+    serve.run(app, name="raykv-llm", route_prefix="/", blocking=False)
+    deadline = time.monotonic() + 420
+    while True:
+        try:
+            if requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok:
+                break
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, "the Serve LLM app did not come up"
+        time.sleep(1)
+    print(f"Serve LLM app ready in {time.perf_counter() - t0:.0f} s")
+    yield {"root": root}
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _complete(tokens: list[int]) -> dict[str, Any]:
+    body = {"model": MODEL_ID, "prompt": tokens, "max_tokens": 1, "temperature": 0.0, "logprobs": 5}
+    r = requests.post(URL, json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cached(resp: dict[str, Any]) -> int:
+    details = resp["usage"].get("prompt_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
+def test_two_clients_and_a_repeated_prompt_served_by_raykv(serve_app) -> None:
+    _complete(make_prompt_tokens(200, 500))  # one-off kernel set-up
+    prompt = make_prompt_tokens(PROMPT_LEN, 0)
+    cold = _complete(prompt)
+    assert _cached(cold) == 0
+
+    # Two clients at once push the prompt out of the engine cache and the primary.
+    answers: dict[int, dict[str, Any]] = {}
+
+    def client(seeds: list[int]) -> None:
+        for s in seeds:
+            answers[s] = _complete(make_prompt_tokens(PROMPT_LEN, s))
+
+    threads = [threading.Thread(target=client, args=(seeds,)) for seeds in ([1, 3], [2, 4])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert sorted(answers) == [1, 2, 3, 4]
+    assert all(a["choices"][0]["text"] is not None for a in answers.values())
+
+    fs_actor = ray.get_actor(naming.fs_actor(serve_app["root"]), namespace=NAMESPACE)
+    deadline = time.monotonic() + 30
+    while len(ray.get(fs_actor.keys.remote())) < 5 * (PROMPT_LEN // 128):
+        assert time.monotonic() < deadline, "the fs tier never received the prompts' blocks"
+        time.sleep(0.2)
+
+    warm = _complete(prompt)
+    assert _cached(warm) == CACHEABLE, warm["usage"]
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    assert warm["choices"][0]["logprobs"]["top_logprobs"] == cold["choices"][0]["logprobs"]["top_logprobs"]
+    # raykv's directory knows the fs tier's blocks (the services were started by the replica)
+    services_ns = ray.get_actor(naming.CONTROL_ACTOR, namespace=NAMESPACE)
+    assert ray.get(services_ns.holders.remote())
+
+
+def test_serve_yaml_builds_an_app_with_raykv(tiny_model) -> None:
+    """cluster_configs/serve_llm.yaml's app builds (raykv's kv_transfer_config inside)."""
+    pytest.importorskip("ray.serve.llm")
+    from pathlib import Path
+
+    import yaml
+
+    from raykv.serve import app_builder, llm_config
+
+    path = Path(__file__).resolve().parents[2] / "cluster_configs" / "serve_llm.yaml"
+    (app_cfg,) = yaml.safe_load(path.read_text())["applications"]
+    assert app_cfg["import_path"] == "raykv.serve:app_builder"
+    args = dict(app_cfg["args"], model=tiny_model)
+    assert app_builder(args) is not None
+    cfg = llm_config(**{k: v for k, v in args.items() if k not in ("model",)}, model=tiny_model)
+    tiers = cfg.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]["secondary_tiers"]
+    assert [t["type"] for t in tiers] == ["RaykvObjectStoreTier", "RaykvFsTier"]
+    assert {t["namespace"] for t in tiers} == {"raykv"}
+    with pytest.raises(ValueError, match="needs a 'model'"):
+        app_builder({})
