@@ -16,6 +16,7 @@ import ray
 from raykv import naming
 from raykv.cluster import RaykvServices
 from raykv.errors import RaykvError
+from raykv.units import fmt_bytes
 
 
 def check_reachable(address: str | None, timeout: float = 3.0) -> None:
@@ -129,16 +130,6 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     }
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -169,8 +160,8 @@ def format_status(status: dict[str, Any]) -> str:
         rate = t.get("engine_lookups", {})
         lines.append(
             f"{t['tier_type']:<13} {str(where)[:30]:<30} {'yes' if t['alive'] else 'NO':<6} "
-            f"{t.get('blocks') if t.get('blocks') is not None else '-'!s:>8} {_fmt_bytes(t.get('bytes_used')):>10} "
-            f"{_fmt_bytes(t.get('capacity_bytes')) if t.get('capacity_bytes') else 'unlimited':>10} "
+            f"{t.get('blocks') if t.get('blocks') is not None else '-'!s:>8} {fmt_bytes(t.get('bytes_used')):>10} "
+            f"{fmt_bytes(t.get('capacity_bytes')) if t.get('capacity_bytes') else 'unlimited':>10} "
             f"{_pct(t.get('occupancy')):>9} {_pct(rate.get('hit_rate')):>9} {rate.get('lookups', 0):>8}"
         )
     if not status["tiers"]:

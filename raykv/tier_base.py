@@ -9,6 +9,8 @@ from abc import abstractmethod
 from collections.abc import Collection, Iterable
 from typing import Any
 
+import ray
+
 from raykv.cluster import RaykvServices, attach
 from raykv.contract import (
     JobResult,
@@ -124,6 +126,64 @@ async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
             failed += 1
             logger.warning("%s failed (the shard rebuilds from holders): %r", what, r)
     return failed
+
+
+class ActorLiveness:
+    """An engine-side view of a ``WatchableActor``'s life, polled without blocking.
+
+    A never-returning ``raykv_watch`` call errors when the actor dies; while it
+    is dead, a ``raykv_ping`` once per ``ping_period_s`` notices Ray restarting
+    it (``max_restarts``), and a new watch starts.
+    """
+
+    def __init__(self, actor: Any, what: str, ping_period_s: float = 1.0) -> None:
+        self.actor = actor
+        self.what = what  # for logs: "object store actor of node ..."
+        self.ping_period_s = ping_period_s
+        self.alive = True
+        self._watch = actor.raykv_watch.remote()
+        self._ping: Any = None
+        self._next_ping = 0.0
+
+    def mark_dead(self, reason: str) -> None:
+        """Record a death seen elsewhere (e.g. a call that raised ``RayActorError``)."""
+        if self.alive:
+            logger.warning("%s is gone (%s)", self.what, reason)
+        self.alive = False
+
+    def poll(self) -> None:
+        """Update ``alive`` from the watch and, while dead, the pings."""
+        if self.alive:
+            ready, _ = ray.wait([self._watch], timeout=0)
+            if ready:
+                self.mark_dead("watch ended")
+            return
+        if self._ping is not None:
+            ready, _ = ray.wait([self._ping], timeout=0)
+            if not ready:
+                return
+            ping, self._ping = self._ping, None
+            try:
+                ray.get(ping, timeout=0)
+            except Exception:
+                return
+            self.alive = True  # restarted: it rebuilt its state and re-registered
+            self.close()  # in case it was only unreachable and the old watch lives
+            self._watch = self.actor.raykv_watch.remote()
+            logger.info("%s is back", self.what)
+        elif time.monotonic() >= self._next_ping:
+            self._next_ping = time.monotonic() + self.ping_period_s
+            try:
+                self._ping = self.actor.raykv_ping.remote()
+            except Exception:
+                self._ping = None
+
+    def close(self) -> None:
+        """Cancel the watch call (it would otherwise hold an actor slot forever)."""
+        try:
+            ray.cancel(self._watch)
+        except Exception:
+            pass
 
 
 class WatchableActor:

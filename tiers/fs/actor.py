@@ -27,6 +27,7 @@ from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.metrics import ActorMetrics
 from raykv.tier_base import WatchableActor, settle
+from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
 
 logger = logging.getLogger(__name__)
@@ -44,14 +45,6 @@ def holder_info(root: str, namespace: str) -> HolderInfo:
         namespace=namespace,
         node_id=None,
     )
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class _Metrics(ActorMetrics):
@@ -123,12 +116,12 @@ class FsRootActor(WatchableActor):
         self._publish()
         logger.info(
             "fs root %s: found %d block files (%s) in %.2fs, evicted %d over capacity",
-            self.root, len(entries), _fmt_bytes(self._bytes), time.monotonic() - t0, len(evicted),
+            self.root, len(entries), fmt_bytes(self._bytes), time.monotonic() - t0, len(evicted),
         )
 
     def __repr__(self) -> str:
-        cap = _fmt_bytes(self.capacity) if self.capacity else "unlimited"
-        return f"FsRoot({self.root}, files={len(self._index)}, {_fmt_bytes(self._bytes)} / {cap})"
+        cap = fmt_bytes(self.capacity) if self.capacity else "unlimited"
+        return f"FsRoot({self.root}, files={len(self._index)}, {fmt_bytes(self._bytes)} / {cap})"
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +36,7 @@ from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.errors import RaykvError
 from raykv.keys import OffloadKey, validate_key
-from raykv.tier_base import DirectoryBackedTier
+from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
 from tiers.fs import format as fmt
@@ -123,15 +122,12 @@ class _Controller:
         self.tier = tier
         self.actor = tier.actor
         self.timeout = tier.options.control_timeout_s
-        self.alive = True
+        self.liveness = ActorLiveness(self.actor, f"fs root actor {tier.holder_info.actor_name}")
         self._cond = threading.Condition()
         self._commits: list[_Job] = []
         self._removes: list[tuple[_Job, list[int]]] = []
         self._touches: list[bytes] = []
         self._closed = False
-        self._watch = self.actor.raykv_watch.remote()
-        self._ping: Any = None
-        self._next_ping = 0.0
         self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="raykv-fs-control", daemon=True)
         self._thread.start()
@@ -156,10 +152,7 @@ class _Controller:
             self._closed = True
             self._cond.notify()
         self._thread.join(self.timeout * 2 + 5)
-        try:  # our never-returning watch call would otherwise hold an actor slot forever
-            ray.cancel(self._watch)
-        except Exception:
-            pass
+        self.liveness.close()
 
     # -- the thread -----------------------------------------------------------
     def _run(self) -> None:
@@ -186,7 +179,7 @@ class _Controller:
                         return
 
     def _round(self, commits: list[_Job], removes: list[tuple[_Job, list[int]]], touches: list[bytes]) -> None:
-        self._check_actor()
+        self.liveness.poll()
         if touches:
             try:
                 self.actor.touch.remote(list(dict.fromkeys(touches)))
@@ -238,47 +231,16 @@ class _Controller:
         except ray.exceptions.GetTimeoutError:
             return None, f"fs root actor did not answer within {self.timeout}s"
         except ray.exceptions.RayActorError as e:  # died, or unreachable for now
-            self._mark_dead(e)
+            self.liveness.mark_dead(type(e).__name__)
             return None, f"fs root actor unavailable: {type(e).__name__}"
         except ray.exceptions.RayTaskError as e:  # the call raised; the actor lives on
             return None, f"{_COMMIT_REFUSED}: {e.cause!r}"
         except Exception as e:
             return None, f"fs root actor call failed: {e!r}"
 
-    def _mark_dead(self, e: Exception) -> None:
-        if self.alive:
-            logger.warning("fs root actor %s is gone (%s)", self.tier.holder_info.actor_name, type(e).__name__)
-        self.alive = False
-
-    def _check_actor(self) -> None:
-        """Follow the root actor's life without blocking (its watch call errors on death)."""
-        if self.alive:
-            ready, _ = ray.wait([self._watch], timeout=0)
-            if ready:
-                self._mark_dead(RuntimeError("watch ended"))
-            return
-        if self._ping is not None:
-            ready, _ = ray.wait([self._ping], timeout=0)
-            if not ready:
-                return
-            ping, self._ping = self._ping, None
-            try:
-                ray.get(ping, timeout=0)
-            except Exception:
-                return
-            self.alive = True  # restarted (max_restarts): it rescanned and re-registered
-            try:
-                ray.cancel(self._watch)  # in case it was only unreachable and the old watch lives
-            except Exception:
-                pass
-            self._watch = self.actor.raykv_watch.remote()
-            logger.info("fs root actor %s is back", self.tier.holder_info.actor_name)
-        elif time.monotonic() >= self._next_ping:
-            self._next_ping = time.monotonic() + 1.0
-            try:
-                self._ping = self.actor.raykv_ping.remote()
-            except Exception:
-                self._ping = None
+    @property
+    def alive(self) -> bool:
+        return self.liveness.alive
 
 
 class FsTier(DirectoryBackedTier):

@@ -42,6 +42,7 @@ from raykv.directory.holders import PLASMA, HolderInfo
 from raykv.metrics import ActorMetrics
 from raykv.primary import MappedRegion, RegionHandle
 from raykv.tier_base import WatchableActor, settle
+from raykv.units import fmt_bytes
 from tiers.object_store import packing
 from tiers.object_store.packing import CapacityError, Pack, PackIndex
 
@@ -64,14 +65,6 @@ def holder_info(node_id: str, namespace: str) -> HolderInfo:
         namespace=namespace,
         node_id=node_id,
     )
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 class _Metrics(ActorMetrics):
@@ -149,7 +142,7 @@ class ObjectStoreActor(WatchableActor):
     def __repr__(self) -> str:
         return (
             f"ObjectStore(node={self.node_id[:12]}, blocks={len(self.index)}, packs={self.index.num_packs}, "
-            f"{_fmt_bytes(self.index.used)} / {_fmt_bytes(self.index.capacity)})"
+            f"{fmt_bytes(self.index.used)} / {fmt_bytes(self.index.capacity)})"
         )
 
     # -- helpers -----------------------------------------------------------

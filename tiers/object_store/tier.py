@@ -37,7 +37,7 @@ from raykv.directory.holders import PLASMA, SHARED, HolderInfo
 from raykv.errors import RaykvError
 from raykv.keys import OffloadKey, validate_key
 from raykv.primary import RegionHandle, describe_region
-from raykv.tier_base import DirectoryBackedTier
+from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
 
@@ -138,11 +138,7 @@ class ObjectStoreTier(DirectoryBackedTier):
         self._inflight: dict[ray.ObjectRef, _InFlight] = {}
         self._touches: dict[bytes, None] = {}
         self._closed = False
-        # Follow the actor's life without blocking: the watch call errors when it dies.
-        self.actor_alive = True
-        self._watch = self.actor.raykv_watch.remote()
-        self._ping: ray.ObjectRef | None = None
-        self._next_ping = 0.0
+        self.liveness = ActorLiveness(self.actor, f"object store actor of node {self.node_id}")
 
     # -- services ------------------------------------------------------------
     @classmethod
@@ -174,7 +170,7 @@ class ObjectStoreTier(DirectoryBackedTier):
     # -- contract ------------------------------------------------------------
     def serves(self, holders: list[HolderInfo]) -> bool:
         """This node's plasma first, then shared storage (the fs tier), then another node's plasma."""
-        if self.actor_alive and any(h.holder_id == self.holder_id for h in holders):
+        if self.liveness.alive and any(h.holder_id == self.holder_id for h in holders):
             return True
         if any(h.medium == SHARED for h in holders):
             return False  # shared storage is closer than another node's plasma
@@ -228,32 +224,8 @@ class ObjectStoreTier(DirectoryBackedTier):
 
     def _check_actor(self) -> None:
         """Notice the node actor's death (and its restart) without blocking."""
-        if self._closed:
-            return
-        if self.actor_alive:
-            ready, _ = ray.wait([self._watch], timeout=0)
-            if ready:
-                self.actor_alive = False
-                logger.warning("object store actor of node %s is gone", self.node_id)
-            return
-        if self._ping is not None:
-            ready, _ = ray.wait([self._ping], timeout=0)
-            if not ready:
-                return
-            ping, self._ping = self._ping, None
-            try:
-                ray.get(ping, timeout=0)
-            except Exception:
-                return
-            self.actor_alive = True  # restarted (max_restarts): empty, re-registered
-            self._watch = self.actor.raykv_watch.remote()
-            logger.info("object store actor of node %s is back", self.node_id)
-        elif time.monotonic() >= self._next_ping:
-            self._next_ping = time.monotonic() + 1.0
-            try:
-                self._ping = self.actor.raykv_ping.remote()
-            except Exception:
-                self._ping = None
+        if not self._closed:
+            self.liveness.poll()
 
     def poll_jobs(self) -> None:
         self._check_actor()
@@ -347,7 +319,4 @@ class ObjectStoreTier(DirectoryBackedTier):
             self._inflight.clear()
         for entry in left:
             self.jobs.fail(entry.job, "object_store tier shut down")
-        try:  # our never-returning watch call would otherwise hold an actor slot
-            ray.cancel(self._watch)
-        except Exception:
-            pass
+        self.liveness.close()

@@ -213,9 +213,9 @@ def test_killed_actor_entries_vanish_and_jobs_fail(fresh_raykv, regions):
 
     # the tier notices within a step; later lookups miss, whether cached or fresh
     deadline = time.monotonic() + 5
-    while tier.actor_alive and time.monotonic() < deadline:
+    while tier.liveness.alive and time.monotonic() < deadline:
         tier.on_schedule_end()
-    assert not tier.actor_alive
+    assert not tier.liveness.alive
     assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 6
     services.lookup_cache.invalidate(keys)
     assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 6
