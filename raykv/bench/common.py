@@ -99,7 +99,7 @@ def fmt(v: Any, digits: int = 2) -> str:
     if isinstance(v, float):
         if v != v:
             return "nan"
-        if abs(v) >= 1e5:
+        if abs(v) >= 1e4:
             return f"{v:,.0f}"
         return f"{v:.{digits}f}"
     return str(v)
