@@ -9,6 +9,7 @@ from abc import abstractmethod
 from collections.abc import Collection, Iterable
 from typing import Any
 
+import numpy as np
 import ray
 
 from raykv.cluster import RaykvServices, attach
@@ -18,6 +19,7 @@ from raykv.contract import (
     ReqContext,
     RequestOffloadingContext,
     SecondaryTier,
+    TransferJob,
 )
 from raykv.directory.holders import HolderInfo
 from raykv.jobs import JobTracker
@@ -102,6 +104,15 @@ class DirectoryBackedTier(SecondaryTier):
                 self.jobs.wait_idle(0.005)
         for job in self.jobs.pending():  # never leave a job without a result
             self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
+
+    @staticmethod
+    def job_slots(job: TransferJob) -> tuple[list[bytes], list[int]]:
+        """A submitted job's validated keys and chunk ids (``ValueError`` when malformed)."""
+        keys = [validate_key(k) for k in job.keys]
+        chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
+        if len(keys) != len(chunks):
+            raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+        return keys, chunks
 
     def lookup_blocking(self, keys: Collection[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
         """Resolve ``keys`` now (tools and tests; engines use ``lookup``)."""

@@ -35,7 +35,7 @@ from raykv.config import opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.errors import RaykvError
-from raykv.keys import OffloadKey, validate_key
+from raykv.keys import OffloadKey
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
@@ -314,10 +314,7 @@ class FsTier(DirectoryBackedTier):
     def _submit(self, job: TransferJob, store: bool) -> None:
         self.jobs.begin(job)
         try:
-            keys = [validate_key(k) for k in job.keys]
-            chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
-            if len(keys) != len(chunks):
-                raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+            keys, chunks = self.job_slots(job)
             if self._closed:
                 raise RuntimeError("fs tier is shut down")
             state = _Job(job, keys, chunks)

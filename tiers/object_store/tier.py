@@ -27,7 +27,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import ray
 
 from raykv.cluster import RaykvServices
@@ -35,7 +34,7 @@ from raykv.config import opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import PLASMA, SHARED, HolderInfo
 from raykv.errors import RaykvError
-from raykv.keys import OffloadKey, validate_key
+from raykv.keys import OffloadKey
 from raykv.primary import RegionHandle, describe_region
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.object_store import packing
@@ -187,10 +186,7 @@ class ObjectStoreTier(DirectoryBackedTier):
     def _submit(self, kind: str, job: TransferJob) -> None:
         self.jobs.begin(job)
         try:
-            keys = [validate_key(k) for k in job.keys]
-            chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
-            if len(keys) != len(chunks):
-                raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+            keys, chunks = self.job_slots(job)
             if self._closed:
                 raise RuntimeError("object_store tier is shut down")
             if not keys:

@@ -5,37 +5,13 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
-import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import raykv
 from raykv.contract import LookupResult
 
 BLOCK = 64 * 1024
 NAMESPACE = "raykv-fs-2node"
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "resources": {"node_a": 1},
-            "object_store_memory": 200 * 1024 * 1024,
-            "include_dashboard": False,
-        },
-    )
-    cluster.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=200 * 1024 * 1024)
-    ray.init(address=cluster.address, log_to_driver=False)
-    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
-    yield services
-    services.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
 
 
 @ray.remote(num_cpus=0)
