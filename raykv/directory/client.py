@@ -364,5 +364,9 @@ class PolicyCache:
         with self._changed:
             return self._changed.wait_for(lambda: self.version >= version, timeout)
 
-    def close(self) -> None:
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the long poll and wait for its thread: a thread still inside a
+        Ray call when the process runs ``ray.shutdown()`` can crash it."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)

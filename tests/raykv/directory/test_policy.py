@@ -58,3 +58,18 @@ def test_tenant_rule():
 def test_bad_rule_rejected_at_the_directory(raykv_services):
     with pytest.raises(Exception, match=r"policy: must be one of"):
         raykv_services.add_rule({"tier": "fs", "policy": "always"})
+
+
+def test_shutdown_ends_the_policy_thread(ray_local):
+    """The long-poll thread is gone when ``shutdown`` returns: one left inside a
+    Ray call when the process runs ``ray.shutdown()`` can crash the process."""
+    import raykv
+
+    services = raykv.start({"namespace": "raykv-policy-stop", "directory_shards": 1})
+    policy = services.policy
+    assert policy.wait_version(0, timeout=30), "the long poll never answered"
+    t0 = time.monotonic()
+    services.shutdown()
+    took = time.monotonic() - t0
+    print(f"\nshutdown with a live policy long poll: {1000 * took:.0f} ms")
+    assert not policy._thread.is_alive(), "the policy thread outlived shutdown"
