@@ -97,6 +97,13 @@ def prefix_keys(
     return keys
 
 
+#: Bytes of a key that pick its directory shard: the block hash's last 8 bytes
+#: (a scoped key's head is its identity tag, the same for all of one engine's keys).
+SHARD_SLICE = slice(-12, -4)
+
+
 def shard_of(key: bytes, num_shards: int) -> int:
-    """Directory shard owning ``key`` (block hashes are uniform: use their head)."""
-    return int.from_bytes(key[:8], "big") % num_shards
+    """Directory shard owning ``key``: the last 8 bytes of its block hash
+    (uniform); keys shorter than 12 bytes use their head."""
+    part = key[SHARD_SLICE] if len(key) >= 12 else key[:8]
+    return int.from_bytes(part, "big") % num_shards

@@ -77,15 +77,15 @@ def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
 
 
 def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
-    """``shard_of`` of every key, vectorized; None unless all keys have one length >= 8."""
+    """``shard_of`` of every key, vectorized; None unless all keys have one length >= 12."""
     lengths = set(map(len, keys))
     if len(lengths) != 1:
         return None
     (length,) = lengths
-    if length < 8:
+    if length < 12:
         return None
     raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length)
-    heads = np.ascontiguousarray(raw[:, :8]).view(">u8").reshape(-1)
+    heads = np.ascontiguousarray(raw[:, length - 12 : length - 4]).view(">u8").reshape(-1)
     return heads % np.uint64(num_shards)
 
 

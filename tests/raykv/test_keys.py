@@ -55,3 +55,16 @@ def test_shards_spread_evenly():
     for k in keys:
         counts[shard_of(k, 4)] += 1
     assert min(counts) > 0.8 * len(keys) / 4
+
+
+def test_scoped_keys_spread_evenly_and_vectorized_split_agrees():
+    from raykv.directory.client import shard_ids
+    from raykv.identity import KVIdentity, scope_key
+
+    tag = KVIdentity(model="m").tag
+    keys = [scope_key(tag, k) for k in prefix_keys(list(range(40000)), 4)]
+    counts = [0, 0, 0, 0]
+    for k in keys:
+        counts[shard_of(k, 4)] += 1
+    assert min(counts) > 0.8 * len(keys) / 4  # the shared tag does not pick the shard
+    assert list(shard_ids(keys, 4)) == [shard_of(k, 4) for k in keys]
