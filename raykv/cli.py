@@ -58,6 +58,28 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_invalidate(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.status import check_reachable
+
+    check_reachable(args.address)
+    services = raykv.attach(args.namespace or "raykv", address=args.address)
+    out = services.invalidate(args.model, args.revision)
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    what = f"{args.model}" + (f"@{args.revision}" if args.revision else " (every revision)")
+    if not out["identities"]:
+        print(f"raykv: no KV identity of {what} is known; nothing dropped")
+        return 0
+    print(f"{what}: {len(out['identities'])} KV identities, {out['blocks_dropped']} blocks dropped")
+    for holder, n in sorted(out["per_holder"].items()):
+        print(f"  {holder}: {n}")
+    for holder, err in sorted(out["errors"].items()):
+        print(f"  {holder}: not reached ({err})")
+    return 0
+
+
 def cmd_vllm_config(args: argparse.Namespace) -> int:
     from raykv.integrations.vllm import raykv_kv_transfer_config
 
@@ -128,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--no-metrics", action="store_true", help="skip the engines' hit rates (no metrics scrape)")
     sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser(
+        "invalidate", help="drop every cached block of a model (one revision, or all) from every tier"
+    )
+    common(sp)
+    sp.add_argument("--model", required=True, help="the model name or path, as the engines loaded it")
+    sp.add_argument("--revision", help="only this revision (default: every revision and weights version)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(func=cmd_invalidate)
 
     sp = sub.add_parser("stop", help="stop raykv's actors (their cached blocks go too)")
     common(sp)

@@ -9,6 +9,7 @@ from typing import Any
 import ray
 
 from raykv import naming
+from raykv.identity import KVIdentity
 from raykv.config import RaykvConfig
 from raykv.directory.client import DirectoryClient, LookupCache, PolicyCache
 from raykv.directory.control import ControlActor
@@ -62,6 +63,7 @@ class RaykvServices:
         self.directory = DirectoryClient(shards)
         self.lookup_cache = LookupCache(self.directory, ttl_s=config.lookup_ttl_s)
         self._policy: PolicyCache | None = None
+        self._identities_sent: set[bytes] = set()
 
     @property
     def policy(self) -> PolicyCache:
@@ -83,6 +85,26 @@ class RaykvServices:
 
     def holders(self) -> list[dict[str, Any]]:
         return ray.get(self.control.holders.remote())
+
+    def register_identity(self, identity: KVIdentity) -> None:
+        """Announce an engine's KV identity to the control actor (once per process)."""
+        if identity.tag not in self._identities_sent:
+            self._identities_sent.add(identity.tag)
+            self.control.register_identity.remote(identity.tag_hex, identity.to_dict())
+
+    def identities(self) -> dict[str, dict[str, Any]]:
+        """Announced KV identities: tag (hex) -> fields."""
+        return ray.get(self.control.identities.remote())
+
+    def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Drop every block of the identities of ``model`` (of one ``revision``
+        when given) from every tier actor and the directory; returns what went.
+
+        Blocks leave each holder's index and the directory before this
+        returns; engines' lookup caches forget them within ``lookup_ttl_s``
+        (meanwhile a load of such a key fails and falls back to recompute).
+        """
+        return invalidate_identities(self, model, revision, timeout)
 
     def start_tier_services(self, tier_config: dict[str, Any], where: str = "tier") -> None:
         """Start the actors a tier config needs (per-node actors, fs root actor)."""
@@ -107,6 +129,42 @@ class RaykvServices:
             self._policy.close()
         with _lock:
             _attached.pop(_session_key(self.namespace), None)
+
+
+def invalidate_identities(
+    services: RaykvServices, model: str, revision: str | None, timeout: float
+) -> dict[str, Any]:
+    """``RaykvServices.invalidate``: match identities, then every holder drops their keys."""
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model: must be a non-empty str, got {model!r}")
+    if revision is not None and not isinstance(revision, str):
+        raise ValueError(f"revision: must be a str or None, got {revision!r}")
+    known = services.identities()
+    tags = sorted(
+        tag for tag, ident in known.items()
+        if ident.get("model") == model and (revision is None or ident.get("revision") == revision)
+    )
+    dropped: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    if tags:
+        calls = {}
+        for info in services.holders():
+            actor = _get_actor(info["actor_name"], services.namespace)
+            if actor is not None:
+                calls[info["holder_id"]] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
+        for holder_id, ref in calls.items():
+            try:
+                dropped[holder_id] = ray.get(ref, timeout=timeout)
+            except Exception as e:  # a dead holder's entries already left the directory
+                errors[holder_id] = repr(e)
+    return {
+        "model": model,
+        "revision": revision,
+        "identities": {t: known[t] for t in tags},
+        "blocks_dropped": sum(dropped.values()),
+        "per_holder": dropped,
+        "errors": errors,
+    }
 
 
 def start(

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from raykv.identity import DEFAULT_IDENTITY, KVIdentity
 from raykv.keys import OffloadKey
 
 JobId = int
@@ -95,6 +96,14 @@ class JobResult:
     error: str | None = None
 
 
+@dataclass
+class TierEvent:
+    """Blocks (the engine's own, unscoped keys) that a tier started or stopped holding."""
+
+    keys: list[OffloadKey]
+    removed: bool
+
+
 class SecondaryTier(ABC):
     """A secondary KV tier as seen from an engine's scheduler process.
 
@@ -106,7 +115,9 @@ class SecondaryTier(ABC):
     #: "plasma" (node-local memory) or "shared" (shared storage).
     medium: str = "plasma"
 
-    def __init__(self, primary_kv_view: memoryview, tier_type: str) -> None:
+    def __init__(
+        self, primary_kv_view: memoryview, tier_type: str, identity: "KVIdentity | Mapping[str, Any] | None" = None
+    ) -> None:
         if primary_kv_view.ndim != 2:
             raise ValueError(
                 "primary_kv_view must be 2-D (num_chunks, bytes_per_chunk), "
@@ -116,6 +127,14 @@ class SecondaryTier(ABC):
         self.tier_type = tier_type
         self.block_size_bytes: int = primary_kv_view.strides[0]
         self.num_chunks: int = primary_kv_view.shape[0]
+        #: The engine's KV identity; every key this tier stores or looks up
+        #: is scoped with its tag (``raykv.identity``).
+        self.identity: KVIdentity = KVIdentity.from_dict(identity) if identity is not None else DEFAULT_IDENTITY
+        self.key_tag: bytes = self.identity.tag
+
+    def scope(self, key: bytes) -> bytes:
+        """The identity-scoped key raykv stores for the engine's ``key``."""
+        return self.key_tag + key
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult: ...
@@ -148,6 +167,10 @@ class SecondaryTier(ABC):
     @abstractmethod
     def drain_jobs(self) -> None:
         """Block until every submitted job has a result queued."""
+
+    def take_events(self) -> list["TierEvent"]:
+        """Stored / removed blocks of this engine's identity since the last call."""
+        return []
 
     def shutdown(self) -> None:
         """Release threads and connections."""

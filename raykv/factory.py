@@ -9,9 +9,10 @@ from typing import Any
 
 from raykv.config import ConfigError, parse_options
 from raykv.contract import SecondaryTier
+from raykv.identity import KVIdentity
 
 # Keys every tier config may carry besides its own options.
-COMMON_KEYS = ("type", "module_path")
+COMMON_KEYS = ("type", "module_path", "identity")
 
 
 class TierFactory:
@@ -58,6 +59,8 @@ class TierFactory:
     def parse(cls, config: Mapping[str, Any], where: str = "tier") -> tuple[type[SecondaryTier], Any]:
         """Validate ``config``: the tier class and its parsed ``Options``."""
         tier_cls = cls.get_tier_class(config, where)
+        if config.get("identity") is not None:
+            KVIdentity.from_dict(config["identity"], f"{where}.identity")
         options = {k: v for k, v in config.items() if k not in COMMON_KEYS}
         schema = getattr(tier_cls, "Options", None)
         if schema is None:
@@ -70,6 +73,8 @@ class TierFactory:
     ) -> SecondaryTier:
         """Validate ``config`` and build the tier over ``primary_kv_view``."""
         tier_cls, options = cls.parse(config, where)
+        if "identity" in config and "identity" not in kwargs:
+            kwargs["identity"] = KVIdentity.from_dict(config["identity"], f"{where}.identity")
         return tier_cls(primary_kv_view, config["type"], options, **kwargs)
 
 

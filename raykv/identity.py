@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -109,3 +110,15 @@ def unscope_key(scoped: bytes) -> bytes:
 def key_tag(scoped: bytes) -> bytes:
     """The identity tag a scoped key starts with."""
     return scoped[:TAG_BYTES]
+
+
+def blocks_by_identity(keys: Iterable[bytes]) -> dict[str, int]:
+    """Held blocks per identity tag (hex), for status pages."""
+    return dict(Counter(k[:TAG_BYTES].hex() for k in keys))
+
+
+def scoped_keys(keys: Iterable[bytes], identity: KVIdentity = DEFAULT_IDENTITY) -> list[bytes]:
+    """``keys`` as raykv stores them for ``identity`` (what the directory and
+    the tier actors list): for tools that talk to those directly."""
+    tag = identity.tag
+    return [tag + bytes(k) for k in keys]

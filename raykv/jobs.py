@@ -78,3 +78,59 @@ class JobTracker:
         """Block until no job is in flight; False on timeout."""
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending, timeout)
+
+
+#: Bounded labels for why a job failed (a metrics tag), first match wins.
+_REASONS = (
+    ("timed out", "timeout"),
+    ("drain timeout", "timeout"),
+    ("unavailable", "holder_unavailable"),
+    ("not committed", "holder_unavailable"),
+    ("shut down", "shut_down"),
+    ("object store is full", "full"),
+    ("no space", "full"),
+    ("enospc", "full"),
+    ("corrupt", "corrupt"),
+    ("checksum", "corrupt"),
+    ("not held", "not_held"),
+    ("missing", "not_held"),
+    ("not loaded", "not_held"),
+    ("not submitted", "bad_job"),
+    ("cannot submit", "bad_job"),
+    ("offload key", "bad_job"),
+    ("chunk id", "bad_job"),
+)
+
+
+def failure_reason(error: str | None) -> str:
+    """A short, bounded label for a job's error text (``other`` when unknown)."""
+    text = (error or "").lower()
+    for needle, reason in _REASONS:
+        if needle in text:
+            return reason
+    return "other"
+
+
+class FailureLog:
+    """Logs failed jobs' reasons, at most once per ``period_s`` per reason,
+    with how many were not logged in between (failures can come every step)."""
+
+    def __init__(self, what: str, period_s: float = 10.0) -> None:
+        self.what = what
+        self.period_s = period_s
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def note(self, kind: str, reason: str, error: str | None) -> bool:
+        """Record one failure; True when it was logged."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._last.get(reason, -1e18) < self.period_s:
+                self._quiet[reason] = self._quiet.get(reason, 0) + 1
+                return False
+            self._last[reason] = now
+            quiet = self._quiet.pop(reason, 0)
+        more = f" (+{quiet} more {reason} failures since the last report)" if quiet else ""
+        logger.warning("%s %s job failed [%s]: %s%s", self.what, kind, reason, error, more)
+        return True

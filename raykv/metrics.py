@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykv.contract import JobResult, LookupResult, TransferJob
-from raykv.jobs import JobTracker
+from raykv.jobs import FailureLog, JobTracker, failure_reason
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ _SPECS = (
     MetricSpec("raykv_bytes_loaded", COUNTER, "bytes loaded from the tier by jobs", ENGINE_TAGS),
     MetricSpec("raykv_jobs_finished", COUNTER, "store/load jobs finished (success or failure)", JOB_TAGS),
     MetricSpec("raykv_jobs_failed", COUNTER, "store/load jobs that failed (wholly or partly)", JOB_TAGS),
+    MetricSpec(
+        "raykv_job_failures", COUNTER,
+        "failed store/load jobs by reason (timeout, holder_unavailable, full, corrupt, not_held, bad_job, "
+        "shut_down, other)", (*JOB_TAGS, "reason"),
+    ),
     MetricSpec(
         "raykv_job_latency_seconds", HISTOGRAM, "submit-to-result time of store/load jobs", JOB_TAGS,
         LATENCY_BOUNDARIES,
@@ -167,7 +172,11 @@ class TierMetrics:
         self._counts: dict[str, int] = {}
         self._jobs: dict[str, dict[str, int]] = {}  # kind -> {"finished": n, "failed": n}
         self._latencies: list[tuple[str, float]] = []
+        self._failures: dict[tuple[str, str], int] = {}  # (kind, reason) -> n
+        self.failure_log = FailureLog(f"raykv {tier} tier on node {node[:12]}:")
         self.totals: dict[str, int] = {}  # everything ever flushed (tools and tests)
+        #: every failure ever counted, by (kind, reason) (tools, tests, vLLM stats)
+        self.failure_totals: dict[tuple[str, str], int] = {}
 
     def lookup(self, result: LookupResult) -> None:
         self._lookups[result] = self._lookups.get(result, 0) + 1
@@ -189,6 +198,12 @@ class TierMetrics:
                 self._counts[name] = self._counts.get(name, 0) + n
             if result.transfer_time is not None:
                 self._latencies.append((kind, result.transfer_time))
+            if not result.success:
+                reason = failure_reason(result.error)
+                self._failures[(kind, reason)] = self._failures.get((kind, reason), 0) + 1
+                self.failure_totals[(kind, reason)] = self.failure_totals.get((kind, reason), 0) + 1
+        if not result.success:
+            self.failure_log.note(kind, reason, result.error)
 
     def flush(self) -> None:
         """Hand what was counted since the last flush to Ray (no remote call)."""
@@ -202,6 +217,9 @@ class TierMetrics:
             counts, self._counts = self._counts, {}
             jobs, self._jobs = self._jobs, {}
             latencies, self._latencies = self._latencies, []
+            failures, self._failures = self._failures, {}
+        for (kind, reason), n in failures.items():
+            _record("raykv_job_failures", n, {**self.tags, "kind": kind, "reason": reason})
         counts.update(
             {"raykv_lookups": hits + misses, "raykv_lookup_hits": hits, "raykv_lookup_misses": misses,
              "raykv_lookup_retries": retries}

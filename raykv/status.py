@@ -16,6 +16,7 @@ import ray
 from raykv import naming
 from raykv.cluster import RaykvServices
 from raykv.errors import RaykvError
+from raykv.identity import KVIdentity
 from raykv.units import fmt_bytes
 
 
@@ -102,6 +103,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         entry["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
         tiers.append(entry)
     tiers.sort(key=lambda t: (t["tier_type"], str(t.get("node_id"))))
+    identities = identity_rows(ray.get(services.control.identities.remote(), timeout=timeout), tiers)
 
     service_rows = [{"name": naming.CONTROL_ACTOR, "kind": "control", "alive": True,
                      "holders": control.get("holders"), "rules_version": control["rules_version"]}]
@@ -121,6 +123,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         },
         "rules_version": control["rules_version"],
         "tiers": tiers,
+        "identities": identities,
         "hit_rates": {k: v for k, v in rates.items() if "@" not in k},
         "nodes": [
             {"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
@@ -128,6 +131,26 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
             for n in ray.nodes()
         ],
     }
+
+
+def identity_rows(known: dict[str, dict[str, Any]], tiers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per KV identity (announced by an engine, or holding blocks):
+    its fields and its blocks per tier and in all."""
+    per_tag: dict[str, dict[str, int]] = {}
+    for t in tiers:
+        for tag, n in (t.get("stats") or {}).get("blocks_by_identity", {}).items():
+            where = per_tag.setdefault(tag, {})
+            where[t["tier_type"]] = where.get(t["tier_type"], 0) + n
+    rows = []
+    for tag in sorted(set(known) | set(per_tag)):
+        ident = known.get(tag, {})
+        by_tier = per_tag.get(tag, {})
+        label = KVIdentity.from_dict(ident).label() if ident else "(unknown: announced before a control restart)"
+        rows.append({
+            "tag": tag, "model": ident.get("model"), "revision": ident.get("revision"), "label": label,
+            "layout": ident.get("layout", {}), "blocks": sum(by_tier.values()), "blocks_by_tier": by_tier,
+        })
+    return rows
 
 
 def _pct(x: float | None) -> str:
@@ -166,6 +189,11 @@ def format_status(status: dict[str, Any]) -> str:
         )
     if not status["tiers"]:
         lines.append("(no tier actors yet: they start with `raykv start --config` or the first engine)")
+    if status.get("identities"):
+        lines += ["", f"{'KV identity':<16} {'blocks':>8}  model"]
+        for i in status["identities"]:
+            tiers = ", ".join(f"{k} {v}" for k, v in sorted(i["blocks_by_tier"].items()))
+            lines.append(f"{i['tag']:<16} {i['blocks']:>8}  {i['label']}" + (f"  ({tiers})" if tiers else ""))
     if status.get("hit_rates"):
         lines += ["", "engine lookups per tier (all nodes): " + ", ".join(
             f"{tier} {_pct(r['hit_rate'])} of {r['lookups']}" for tier, r in sorted(status["hit_rates"].items())

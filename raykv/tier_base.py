@@ -15,6 +15,7 @@ import ray
 from raykv.cluster import RaykvServices, attach
 from raykv.contract import (
     JobResult,
+    TierEvent,
     LookupResult,
     ReqContext,
     RequestOffloadingContext,
@@ -22,6 +23,7 @@ from raykv.contract import (
     TransferJob,
 )
 from raykv.directory.holders import HolderInfo
+from raykv.identity import KVIdentity
 from raykv.jobs import JobTracker
 from raykv.metrics import MeteredJobTracker, TierMetrics
 from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, shard_of, validate_key
@@ -44,13 +46,32 @@ class DirectoryBackedTier(SecondaryTier):
         tier_type: str,
         namespace: str,
         services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
     ) -> None:
-        super().__init__(primary_kv_view, tier_type)
+        super().__init__(primary_kv_view, tier_type, identity)
         self.services = services or attach(namespace, start_if_missing=True)
         self.node_id = self.services.node_id()
         self.metrics = TierMetrics(tier_type, self.node_id)
         self.jobs: JobTracker = MeteredJobTracker(self.metrics, self.block_size_bytes)
         self._cache = self.services.lookup_cache
+        self.services.register_identity(self.identity)
+        self._events: HoldingsFeed | None = None
+
+    # -- KV events -----------------------------------------------------------
+    #: The holder actor whose holdings this tier reports (set by subclasses).
+    actor: Any = None
+
+    def enable_events(self) -> None:
+        """Report this identity's blocks in the holder actor as ``TierEvent``s
+        (``take_events``): a snapshot first, then stores and removals."""
+        if self._events is None and self.actor is not None:
+            self._events = HoldingsFeed(self.actor, self.key_tag)
+
+    def take_events(self) -> list[TierEvent]:
+        if self._events is None:
+            return []
+        self._events.poll()
+        return self._events.take()
 
     @abstractmethod
     def serves(self, holders: list[HolderInfo]) -> bool:
@@ -69,6 +90,9 @@ class DirectoryBackedTier(SecondaryTier):
                 return LookupResult.MISS  # a malformed key is nobody's: never batch it
         elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
             return LookupResult.MISS
+        return self._lookup_scoped(self.key_tag + key)
+
+    def _lookup_scoped(self, key: bytes) -> LookupResult:
         self._cache.poll()
         holders = self._cache.get(key)
         if holders is None:
@@ -85,6 +109,8 @@ class DirectoryBackedTier(SecondaryTier):
     def on_schedule_end(self) -> None:
         self._cache.flush()
         self.metrics.flush()
+        if self._events is not None:
+            self._events.poll()
 
     def has_pending_work(self) -> bool:
         return self.jobs.num_pending > 0 or self._cache.has_pending()
@@ -105,10 +131,11 @@ class DirectoryBackedTier(SecondaryTier):
         for job in self.jobs.pending():  # never leave a job without a result
             self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
 
-    @staticmethod
-    def job_slots(job: TransferJob) -> tuple[list[bytes], list[int]]:
-        """A submitted job's validated keys and chunk ids (``ValueError`` when malformed)."""
-        keys = [validate_key(k) for k in job.keys]
+    def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
+        """A submitted job's validated, identity-scoped keys and its chunk ids
+        (``ValueError`` when malformed). Results name the job's own keys."""
+        tag = self.key_tag
+        keys = [tag + validate_key(k) for k in job.keys]
         chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
@@ -116,12 +143,12 @@ class DirectoryBackedTier(SecondaryTier):
 
     def lookup_blocking(self, keys: Collection[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
         """Resolve ``keys`` now (tools and tests; engines use ``lookup``)."""
-        for k in keys:
+        scoped = [self.key_tag + validate_key(k) for k in keys]
+        for k in scoped:
             if self._cache.get(k) is None:
                 self._cache.request(k)
         self._cache.wait(timeout)
-        ctx = ReqContext("lookup_blocking")
-        return [self.lookup(k, ctx) for k in keys]
+        return [self._lookup_scoped(k) for k in scoped]
 
 
 async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
@@ -137,6 +164,59 @@ async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
             failed += 1
             logger.warning("%s failed (the shard rebuilds from holders): %r", what, r)
     return failed
+
+
+class HoldingsFeed:
+    """Reads a holder actor's ``HoldingsLog`` for one identity, one call in
+    flight at a time, never blocking; results wait in ``take``."""
+
+    #: Events kept for a caller that does not take them; past this, the
+    #: oldest go and the next read is a fresh snapshot.
+    MAX_KEYS = 1 << 18
+
+    def __init__(self, actor: Any, tag: bytes) -> None:
+        self.actor = actor
+        self.tag = tag
+        self._since: int | None = None  # None: ask for a snapshot
+        self._call: Any = None
+        self._pending: list[TierEvent] = []
+        self._keys = 0
+        self._strip = len(tag)
+
+    def poll(self) -> None:
+        if self._call is not None:
+            ready, _ = ray.wait([self._call], timeout=0)
+            if not ready:
+                return
+            call, self._call = self._call, None
+            try:
+                out = ray.get(call, timeout=0)
+            except Exception as e:  # the actor died or restarted: start over with a snapshot
+                logger.debug("holdings feed: %r", e)
+                self._since = None
+                return
+            self._absorb(out)
+        try:
+            self._call = self.actor.events_since.remote(self._since, self.tag)
+        except Exception as e:
+            logger.debug("holdings feed not sent: %r", e)
+
+    def _absorb(self, out: dict[str, Any]) -> None:
+        n = self._strip
+        if out["snapshot"] is not None:
+            self._pending.append(TierEvent([k[n:] for k in out["snapshot"]], removed=False))
+            self._keys += len(out["snapshot"])
+        for removed, keys in out["events"]:
+            self._pending.append(TierEvent([k[n:] for k in keys], removed=removed))
+            self._keys += len(keys)
+        self._since = out["next"]
+        while self._keys > self.MAX_KEYS and self._pending:  # nobody takes them
+            self._keys -= len(self._pending.pop(0).keys)
+            self._since = None
+
+    def take(self) -> list[TierEvent]:
+        out, self._pending, self._keys = self._pending, [], 0
+        return out
 
 
 class ActorLiveness:

@@ -21,6 +21,8 @@ class ControlActor:
         self._version = 0
         self._changed = asyncio.Event()
         self._holders: dict[str, dict[str, Any]] = {}
+        #: KV identities engines announced: tag (hex) -> KVIdentity fields
+        self._identities: dict[str, dict[str, Any]] = {}
         self.calls: Counter[str] = Counter()
         for i, raw in enumerate(config.get("rules", [])):
             rule = PolicyRule.from_dict(raw, f"rules[{i}]")
@@ -79,6 +81,14 @@ class ControlActor:
     async def remove_holder(self, holder_id: str) -> None:
         self.calls["remove_holder"] += 1
         self._holders.pop(holder_id, None)
+
+    async def register_identity(self, tag_hex: str, identity: dict[str, Any]) -> None:
+        """An engine's KV identity (so status and invalidation can name it)."""
+        self.calls["register_identity"] += 1
+        self._identities[tag_hex] = identity
+
+    async def identities(self) -> dict[str, dict[str, Any]]:
+        return dict(self._identities)
 
     async def holders(self) -> list[dict[str, Any]]:
         return list(self._holders.values())

@@ -173,11 +173,11 @@ def _weight_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _build_weights(out: Path) -> None:
+def _build_weights(out: Path, seed: int = SEED) -> None:
     import torch
     from safetensors.torch import save_file
 
-    rng = np.random.default_rng(SEED)  # PCG64: same stream on every platform
+    rng = np.random.default_rng(seed)  # PCG64: same stream on every platform
     tensors = {}
     for name, shape in sorted(_weight_shapes().items()):
         if name.endswith("norm.weight"):
@@ -188,7 +188,15 @@ def _build_weights(out: Path) -> None:
             std = 1.0 if "embed_tokens" in name else 0.02
             arr = rng.normal(0.0, std, size=shape).astype(np.float32)
         tensors[name] = torch.from_numpy(arr).to(torch.bfloat16).contiguous()
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    tmp = out / f".model.{os.getpid()}.safetensors"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+
+
+def reseed_weights(path: str | os.PathLike, seed: int) -> None:
+    """Rewrite a built tiny model's weights from ``seed``: same shapes, other
+    values (a fine-tune, or a weight update in place)."""
+    _build_weights(Path(path), seed)
 
 
 def default_cache_dir() -> Path:

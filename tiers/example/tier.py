@@ -27,6 +27,7 @@ from raykv.contract import (
     SecondaryTier,
     TransferJob,
 )
+from raykv.identity import KVIdentity
 from raykv.jobs import JobTracker
 from raykv.keys import OffloadKey
 from raykv.policy import PolicyRule, decide
@@ -45,12 +46,17 @@ class ExampleTier(SecondaryTier):
     medium = "plasma"
 
     def __init__(
-        self, primary_kv_view: memoryview, tier_type: str, options: ExampleOptions, **_: Any
+        self,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        options: ExampleOptions,
+        identity: KVIdentity | None = None,
+        **_: Any,
     ) -> None:
-        super().__init__(primary_kv_view, tier_type)
+        super().__init__(primary_kv_view, tier_type, identity)
         self.options = options
         self._primary = np.asarray(primary_kv_view)
-        self._blocks: OrderedDict[OffloadKey, np.ndarray] = OrderedDict()
+        self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()  # scoped key -> block
         self._lock = threading.Lock()
         self.jobs = JobTracker()
         self._rules = [PolicyRule(tier=tier_type)] if options.request_level else []
@@ -61,7 +67,7 @@ class ExampleTier(SecondaryTier):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         with self._lock:
-            return LookupResult.HIT if key in self._blocks else LookupResult.MISS
+            return LookupResult.HIT if self.scope(bytes(key)) in self._blocks else LookupResult.MISS
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit("store", job)
@@ -84,7 +90,7 @@ class ExampleTier(SecondaryTier):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         with self._lock:
-            for k in keys:
+            for k in map(self.scope, map(bytes, keys)):
                 if k in self._blocks:
                     self._blocks.move_to_end(k)
 
@@ -109,7 +115,7 @@ class ExampleTier(SecondaryTier):
     def _store(self, job: TransferJob) -> None:
         cap = self.options.capacity_blocks
         with self._lock:
-            for key, chunk in zip(job.keys, job.chunk_ids):
+            for key, chunk in zip(map(self.scope, map(bytes, job.keys)), job.chunk_ids):
                 if key not in self._blocks:
                     self._blocks[key] = self._primary[chunk].copy()
                 self._blocks.move_to_end(key)
@@ -121,7 +127,7 @@ class ExampleTier(SecondaryTier):
         loaded: list[OffloadKey] = []
         with self._lock:
             for key, chunk in zip(job.keys, job.chunk_ids):
-                block = self._blocks.get(key)
+                block = self._blocks.get(self.scope(bytes(key)))
                 if block is not None:
                     self._primary[chunk] = block
                     loaded.append(key)

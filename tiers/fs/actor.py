@@ -26,6 +26,8 @@ from raykv import naming
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.metrics import ActorMetrics
+from raykv.events import HoldingsLog
+from raykv.identity import blocks_by_identity
 from raykv.tier_base import WatchableActor, settle
 from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
@@ -77,8 +79,10 @@ class FsRootActor(WatchableActor):
         self.info = holder_info(root, namespace)
         self._index: OrderedDict[bytes, int] = OrderedDict()
         self._bytes = 0
-        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "touches": 0, "directory_errors": 0}
+        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "invalidated": 0, "touches": 0,
+                         "directory_errors": 0}
         self.removed_reasons: dict[str, int] = {}
+        self.log = HoldingsLog()
         self.started_at = time.time()
         self._metrics = _Metrics(self.info.holder_id, root)
 
@@ -136,6 +140,7 @@ class FsRootActor(WatchableActor):
             self._bytes -= size
             out.append(key)
         self.counters["evicted"] += len(out)
+        self.log.append(True, out)
         return out
 
     def _drop(self, keys: Sequence[bytes]) -> list[bytes]:
@@ -145,6 +150,7 @@ class FsRootActor(WatchableActor):
             if size is not None:
                 self._bytes -= size
                 dropped.append(k)
+        self.log.append(True, dropped)
         return dropped
 
     async def _delete_files(self, keys: list[bytes]) -> None:
@@ -186,6 +192,7 @@ class FsRootActor(WatchableActor):
             missing = {k for k, s in zip(check, sizes_now) if s is None}
         # From here to the first await the index and the directory calls change together.
         held = []
+        new = []
         for k, size in zip(keys, sizes):
             if k in missing:
                 continue
@@ -194,6 +201,7 @@ class FsRootActor(WatchableActor):
                 self._bytes += size
                 self._index[k] = size
                 self.counters["committed"] += 1
+                new.append(k)
             else:
                 self._bytes += size - old
                 self._index[k] = size
@@ -201,6 +209,7 @@ class FsRootActor(WatchableActor):
             held.append(k)
         evicted = self._evict()
         gone = set(evicted)
+        self.log.append(False, [k for k in new if k not in gone])
         refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
         if evicted:
             refs += self._directory.unregister(self.info.holder_id, evicted)
@@ -254,6 +263,25 @@ class FsRootActor(WatchableActor):
         self._publish()
         return evicted
 
+    async def drop_identities(self, tags: Sequence[bytes]) -> int:
+        """Forget and delete every block whose key starts with one of ``tags``
+        (``raykv invalidate``); returns how many went."""
+        await self._started
+        prefixes = tuple(tags)
+        keys = [k for k in self._index if k.startswith(prefixes)]
+        dropped = self._drop(keys)
+        self.counters["invalidated"] += len(dropped)
+        self.removed_reasons["invalidated"] = self.removed_reasons.get("invalidated", 0) + len(dropped)
+        self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, dropped))
+        await self._delete_files(dropped)
+        self._publish()
+        return len(dropped)
+
+    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
+        """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.events``)."""
+        await self._started
+        return self.log.read(since, tag, lambda: list(self._index))
+
     async def keys(self) -> list[bytes]:
         """Held keys, least recently used first (tools and tests)."""
         await self._started
@@ -272,5 +300,6 @@ class FsRootActor(WatchableActor):
             "capacity_bytes": self.capacity,
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
+            "blocks_by_identity": blocks_by_identity(self._index),
             **self.counters,
         }

@@ -30,11 +30,13 @@ writer uses the fastest installed one by default ("auto"): ``xxhash``'s xxh3
 ~26 GB/s), ``blake3`` (~6 GB/s, installed wherever vLLM is), else crc32. All
 release the GIL on large buffers.
 
-Paths come only from the key's hex digits (never from user input):
-``<root>/<hex[0:2]>/<hex[2:4]>/<hex>.kv``; keys longer than
-``MAX_HEX_NAME_KEY`` bytes are named by their SHA-256 instead (``h<sha>.kv``,
-the key itself still lives in the header). Offload keys start with a
-uniformly distributed block hash, so the 256x256 fan-out is even.
+Paths come only from the key's hex digits (never from user input). Keys are
+identity-scoped (``raykv.identity``: an 8-byte identity tag, then the block
+hash), so each engine identity gets a folder of its own, as in vLLM's fs tier:
+``<root>/<tag hex>/<3 hex digits of the block hash>/<key hex>.kv`` (4,096
+leaves per identity). Keys longer than ``MAX_HEX_NAME_KEY`` bytes are named by
+their SHA-256 instead (``h<sha>.kv``, the key itself still lives in the
+header; the fan-out then uses the SHA's digits).
 """
 
 from __future__ import annotations
@@ -209,11 +211,28 @@ def file_name(key: bytes) -> str:
     return "h" + hashlib.sha256(key).hexdigest() + SUFFIX
 
 
+#: Bytes of a scoped key's identity tag (``raykv.identity.TAG_BYTES``).
+TAG_BYTES = 8
+#: Hex digits of the per-identity fan-out directories.
+FAN_DIGITS = 3
+
+
 def rel_dir(key: bytes) -> str:
-    """Fan-out directory (relative to the root) of ``key``'s block file."""
+    """Directory (relative to the root) of ``key``'s block file: its identity
+    tag's folder, then a fan-out leaf."""
     name = file_name(key)
-    digits = name[1:5] if name.startswith("h") else name[:4]
-    return f"{digits[:2]}/{digits[2:4]}"
+    fan = name[1 : 1 + FAN_DIGITS] if name.startswith("h") else name[2 * TAG_BYTES : 2 * TAG_BYTES + FAN_DIGITS]
+    return f"{key[:TAG_BYTES].hex()}/{fan.ljust(FAN_DIGITS, '0')}"
+
+
+def is_identity_dir(name: str) -> bool:
+    """Whether a root entry's name is an identity folder."""
+    return len(name) == 2 * TAG_BYTES and all(c in "0123456789abcdef" for c in name)
+
+
+def is_fan_dir(name: str) -> bool:
+    """Whether an identity folder's entry is a fan-out leaf."""
+    return len(name) == FAN_DIGITS and all(c in "0123456789abcdef" for c in name)
 
 
 def rel_path(key: bytes) -> str:

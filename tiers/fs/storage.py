@@ -27,7 +27,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -249,8 +249,8 @@ class LocalStorage(Storage):
         now = time.time()
         if not os.path.isdir(self.root):
             return out
-        for l1 in _subdirs(self.root):
-            for l2 in _subdirs(l1):
+        for l1 in _subdirs(self.root, fmt.is_identity_dir):
+            for l2 in _subdirs(l1, fmt.is_fan_dir):
                 with os.scandir(l2) as it:
                     for e in it:
                         try:
@@ -272,14 +272,10 @@ class LocalStorage(Storage):
             pass
 
 
-def _subdirs(path: str) -> list[str]:
+def _subdirs(path: str, wanted: Callable[[str], bool]) -> list[str]:
     try:
         with os.scandir(path) as it:
-            return [
-                e.path
-                for e in it
-                if len(e.name) == 2 and all(c in "0123456789abcdef" for c in e.name) and e.is_dir(follow_symlinks=False)
-            ]
+            return [e.path for e in it if wanted(e.name) and e.is_dir(follow_symlinks=False)]
     except OSError as e:
         logger.warning("scan: cannot list %s: %r", path, e)
         return []

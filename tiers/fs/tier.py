@@ -36,6 +36,7 @@ from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.errors import RaykvError
 from raykv.keys import OffloadKey
+from raykv.identity import KVIdentity
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
@@ -255,9 +256,10 @@ class FsTier(DirectoryBackedTier):
         tier_type: str,
         options: FsOptions,
         services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
         **_: Any,
     ) -> None:
-        super().__init__(primary_kv_view, tier_type, options.namespace, services)
+        super().__init__(primary_kv_view, tier_type, options.namespace, services, identity)
         self.options = options
         self.root = canonical_root(options.root)
         self.storage = open_storage(self.root, fmt.resolve_algorithm(options.checksum))
@@ -303,7 +305,7 @@ class FsTier(DirectoryBackedTier):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys and not self._closed:
-            self._control.touch([bytes(k) for k in keys])
+            self._control.touch([self.key_tag + bytes(k) for k in keys])
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit(job, store=True)
@@ -392,7 +394,7 @@ class FsTier(DirectoryBackedTier):
         else:
             ok = set(held) | evicted
             msg = state.error or _summary(state, failed, "not stored")
-            self.jobs.fail(state.job, msg, successful_keys=[k for k in state.job.keys if bytes(k) in ok])
+            self.jobs.fail(state.job, msg, successful_keys=[k for k, s in zip(state.job.keys, state.keys) if s in ok])
 
     # -- loads -----------------------------------------------------------------
     def _load_one(self, state: _Job, i: int) -> None:

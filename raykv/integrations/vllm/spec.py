@@ -21,6 +21,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import (  # noqa: E402
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
+from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker  # noqa: E402
 
 
@@ -49,9 +50,10 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
         # Same region (file, rank slot, sizes) as TieringOffloadingSpec.create_worker,
         # so the scheduler-side primary tier sees what this worker writes.
         rank = 0 if self.replicated_layout else self.config.parallel.rank
-        region = SharedOffloadRegion(
+        region = compat.shared_region(
+            SharedOffloadRegion,
             engine_id=self._engine_id,
-            num_chunks=self.num_chunks,
+            num_chunks=compat.spec_num_chunks(self),
             rank=rank,
             kv_bytes_per_chunk=self.kv_bytes_per_chunk,
             cpu_page_size=self.cpu_page_size_per_worker,

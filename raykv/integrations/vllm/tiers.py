@@ -7,7 +7,10 @@ Plug them into vLLM's tiering spec through ``secondary_tiers``::
 
 (``raykv.integrations.vllm.kv_transfer_config`` writes these entries from plain
 raykv tier configs such as ``{"type": "fs", "root": ...}``.) The remaining keys
-are the raykv tier's own options (``raykv.factory``), plus ``ray_address``.
+are the raykv tier's own options (``raykv.factory``), plus ``ray_address``,
+``model_revision`` / ``weights_fingerprint`` (the engine's KV identity,
+``raykv.integrations.vllm.identity``), ``identity`` (an explicit one) and
+``kv_events`` (emit KV events; default: when vLLM's KV events are on).
 
 vLLM builds the tier in its scheduler (EngineCore) process. The adapter
 connects that process to Ray when it is not already (``ray_address``, else
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
@@ -30,8 +34,10 @@ from raykv.integrations.vllm import require_vllm
 require_vllm()
 
 from vllm.v1.kv_offload.base import (  # noqa: E402
+    Locality,
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     OffloadPolicy,
     ReqContext,
@@ -46,43 +52,61 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
 from raykv import contract  # noqa: E402
 from raykv.cluster import ensure_ray  # noqa: E402
 from raykv.factory import TierFactory  # noqa: E402
+from raykv.identity import KVIdentity  # noqa: E402
+from raykv.integrations.vllm import compat  # noqa: E402
+from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
+from raykv.integrations.vllm.stats import TierStats  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
 
 _LOOKUP = {r.name: LookupResult[r.name] for r in contract.LookupResult}
-_POLICY = {contract.OffloadPolicy.CHUNK_LEVEL: OffloadPolicy.CHUNK_LEVEL,
+_POLICY = {contract.OffloadPolicy.CHUNK_LEVEL: compat.CHUNK_LEVEL,
            contract.OffloadPolicy.REQUEST_LEVEL: OffloadPolicy.REQUEST_LEVEL}
+#: Adapter options (not the raykv tier's); the kv_connector_extra_config
+#: keys ``raykv_<name>`` give engine-wide defaults.
+_IDENTITY_OPTIONS = ("model_revision", "weights_fingerprint")
 
 
 def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
-    """raykv's view of a vLLM request; made once per request and cached on it.
+    """raykv's view of a vLLM request; made once per request and kept in the
+    request's state (vLLM's public ``get_state`` / ``set_state``).
 
     The tenant comes from ``kv_transfer_params["tenant"]``; vLLM already
     mixes the request's ``cache_salt`` into its block hashes (so keys differ
-    per tenant without raykv's help).
+    per tenant without raykv's help). Odd ``kv_transfer_params`` (not a dict)
+    are treated as none.
     """
-    state = getattr(ctx, "_state", None)
-    if state is not None:
-        cached = state.get(contract.ReqContext)
-        if cached is not None:
-            return cached
-    params = ctx.kv_transfer_params or None
-    tenant = params.get("tenant") if isinstance(params, dict) else None
+    cached = ctx.get_state(contract.ReqContext)
+    if cached is not None:
+        return cached
+    params = ctx.kv_transfer_params if isinstance(ctx.kv_transfer_params, dict) else None
+    tenant = params.get("tenant") if params else None
     out = contract.ReqContext(
         req_id=ctx.req_id,
-        kv_transfer_params=params,
+        kv_transfer_params=params or None,
         tenant=str(tenant) if tenant is not None else None,
     )
-    if state is not None:
-        state[contract.ReqContext] = out
+    ctx.set_state(out)
     return out
 
 
 class RaykvTier(SecondaryTierManager):
-    """A vLLM secondary tier backed by a raykv tier (``raykv_type``)."""
+    """A vLLM secondary tier backed by a raykv tier (``raykv_type``).
+
+    Every key is scoped with the engine's KV identity (``raykv.identity``),
+    derived from the offloading spec: engines of other models, revisions,
+    dtypes or layouts never see this engine's blocks.
+    """
 
     raykv_type: ClassVar[str] = ""
+    #: vLLM 0.33+ may then call ``get_finished_jobs`` from its tier-poll thread
+    #: between engine steps, so finished promotions are taken before the next
+    #: step. Safe for raykv tiers: vLLM calls every tier method under its
+    #: manager lock (never two at once), raykv keeps no per-thread state
+    #: (results wait in a lock-protected ``JobTracker`` that I/O and control
+    #: threads fill anyway), and nothing on that path blocks.
+    tolerates_off_thread_polling: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -92,22 +116,43 @@ class RaykvTier(SecondaryTierManager):
         backpressure_detector: Any = None,
         **options: Any,
     ) -> None:
-        try:
-            super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        except TypeError:  # vLLM releases without backpressure detectors
-            super().__init__(offloading_spec, primary_kv_view, tier_type)  # type: ignore[call-arg]
+        compat.init_tier_manager(self, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         raykv_type = options.pop("raykv_type", None) or self.raykv_type
         module_path = options.pop("raykv_module_path", None)
         if not raykv_type:
             raise ValueError(f"secondary tier {tier_type!r}: raykv_type is required for {type(self).__name__}")
+        extra = dict(getattr(offloading_spec, "extra_config", None) or {})
+        ident = {name: options.pop(name, extra.get(f"raykv_{name}")) for name in _IDENTITY_OPTIONS}
+        explicit = options.pop("identity", None)
+        kv_events = options.pop("kv_events", None)
         ensure_ray(options.pop("ray_address", None) or os.environ.get("RAY_ADDRESS"))
+        self.identity: KVIdentity = (
+            KVIdentity.from_dict(explicit, f"secondary_tiers[{tier_type}].identity")
+            if explicit is not None
+            else engine_identity(
+                offloading_spec,
+                chunk_bytes=primary_kv_view.strides[0],
+                model_revision=ident["model_revision"],
+                weights_fingerprint=ident["weights_fingerprint"] or "stat",
+            )
+        )
         config = {"type": raykv_type, **options}
         if module_path:
             config["module_path"] = module_path
         self.raykv_tier: contract.SecondaryTier = TierFactory.create_tier(
-            config, primary_kv_view, where=f"secondary_tiers[{tier_type}]"
+            config, primary_kv_view, where=f"secondary_tiers[{tier_type}]", identity=self.identity
         )
-        logger.info("raykv %s tier attached to vLLM (%s)", raykv_type, tier_type)
+        spec_config = getattr(offloading_spec, "config", None)
+        if kv_events is None:
+            kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))
+        if kv_events and hasattr(self.raykv_tier, "enable_events"):
+            self.raykv_tier.enable_events()
+        self._stats = TierStats(tier_type)
+        self._locality = Locality.LOCAL
+        logger.info(
+            "raykv %s tier attached to vLLM %s (%s), identity %s [%s]",
+            raykv_type, compat.version(), tier_type, self.identity.label(), self.identity.tag_hex,
+        )
 
     # -- contract ------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -121,7 +166,7 @@ class RaykvTier(SecondaryTierManager):
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         return [
-            JobResult(
+            compat.job_result(
                 job_id=r.job_id,
                 success=r.success,
                 successful_keys=r.successful_keys,
@@ -150,6 +195,26 @@ class RaykvTier(SecondaryTierManager):
     def drain_jobs(self) -> None:
         self.raykv_tier.drain_jobs()
 
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        """Blocks of this engine's identity that the tier started or stopped
+        holding (vLLM publishes them to its KV-event consumers)."""
+        return [
+            OffloadingEvent(
+                keys=list(e.keys), medium=self.medium, removed=e.removed, locality=self._locality,
+                ownership=self.tier_type,
+            )
+            for e in self.raykv_tier.take_events()
+        ]
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """raykv's per-tier series in vLLM's own metrics (``vllm:raykv_*``)."""
+        return TierStats.definitions()
+
+    def get_stats(self) -> Any:
+        """What this tier counted since the last call, as vLLM connector stats."""
+        return self._stats.take(getattr(self.raykv_tier, "metrics", None))
+
     def shutdown(self) -> None:
         self.raykv_tier.shutdown()
 
@@ -158,10 +223,10 @@ class RaykvTier(SecondaryTierManager):
         return contract.TransferJob(
             job_id=job.job_id,
             keys=job.keys,
-            chunk_ids=job.chunk_ids,
+            chunk_ids=compat.job_slots(job),
             is_promotion=job.is_promotion,
             req_context=to_raykv_context(job.req_context),
-            submit_time=job.submit_time,
+            submit_time=getattr(job, "submit_time", None) or time.monotonic(),
         )
 
 

@@ -10,6 +10,7 @@ import pytest
 import raykv
 from raykv.config import ConfigError
 from raykv.factory import TierFactory
+from raykv.identity import KVIdentity
 from raykv.keys import prefix_keys
 from tiers.fs import format as fmt
 from tiers.fs.io_pool import LOAD, STORE, IoPool
@@ -57,9 +58,12 @@ def test_checksum_choice():
 
 
 def test_paths_come_only_from_key_hex():
-    key = prefix_keys(list(range(10)), 10)[0]
+    tag = KVIdentity(model="m").tag
+    key = tag + prefix_keys(list(range(10)), 10)[0]
     hexkey = key.hex()
-    assert fmt.rel_path(key) == f"{hexkey[:2]}/{hexkey[2:4]}/{hexkey}.kv"
+    # one folder per identity tag, then a 3-digit fan-out of the block hash
+    assert fmt.rel_path(key) == f"{tag.hex()}/{hexkey[16:19]}/{hexkey}.kv"
+    assert fmt.is_identity_dir(tag.hex()) and fmt.is_fan_dir(hexkey[16:19])
     assert fmt.key_from_name(fmt.file_name(key)) == key
     # a hostile key is still just hex digits
     evil = b"../../etc/passwd\x00\x00\x00\x00"

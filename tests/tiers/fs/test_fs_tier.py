@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import ray
 
+from raykv.identity import scoped_keys
 from raykv import naming
 from raykv.client import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
@@ -23,7 +24,7 @@ from tiers.fs import format as fmt
 from tiers.fs.actor import holder_info
 
 BLOCK = 64 * 1024
-FILE = fmt.header_size(36) + BLOCK  # on-disk size of one block file
+FILE = fmt.header_size(len(scoped_keys([bytes(36)])[0])) + BLOCK  # on-disk size of one block file
 _ids = itertools.count(1)
 _seeds = itertools.count(1)
 
@@ -57,7 +58,7 @@ def _fill(region, seed=0):
 
 def _held(services, keys):
     """Which keys the directory lists (fresh, bypassing the lookup cache)."""
-    return [bool(h) for h in services.directory.lookup(keys)]
+    return [bool(h) for h in services.directory.lookup(scoped_keys(keys))]
 
 
 def _disk_bytes(root):
@@ -68,7 +69,7 @@ def _disk_bytes(root):
 
 
 def _path(root, key):
-    return os.path.join(str(root), fmt.rel_path(key))
+    return os.path.join(str(root), fmt.rel_path(scoped_keys([key])[0]))
 
 
 def _run_jobs(tier, jobs, timeout=30.0):
@@ -104,7 +105,7 @@ def test_store_lookup_load_roundtrip(raykv_services, tmp_path, uri):
         assert res.success, res.error
         assert res.transfer_bytes == 6 * BLOCK
 
-        raykv_services.lookup_cache.invalidate(keys)  # make the reader ask the directory
+        raykv_services.lookup_cache.invalidate(scoped_keys(keys))  # make the reader ask the directory
         reader = _tier(raykv_services, root, dst.view)
         others = _keys(2)
         assert reader.lookup_blocking(keys + others) == [LookupResult.HIT] * 6 + [LookupResult.MISS] * 2
@@ -176,7 +177,7 @@ def test_capacity_evicts_lru(raykv_services, tmp_path):
         held = _held(raykv_services, keys)
         assert sum(held) == 5 and held[-5:] == [True] * 5
         files = {n for _, _, fs in os.walk(root) for n in fs}
-        assert files == {fmt.file_name(k) for k in keys[-5:]}
+        assert files == {fmt.file_name(k) for k in scoped_keys(keys[-5:])}
         assert tier.lookup_blocking(keys[:2]) == [LookupResult.MISS] * 2  # evicted: MISS here too
 
         # one job larger than the capacity: succeeds, keeps only what fits
@@ -313,7 +314,7 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
         assert TierDriver(tier).store(keys, list(range(5))).success
         flipped, truncated, foreign = (_path(root, k) for k in keys[:3])
         with open(flipped, "r+b") as f:  # one flipped payload byte
-            f.seek(fmt.header_size(36) + 1234)
+            f.seek(fmt.header_size(len(scoped_keys([keys[0]])[0])) + 1234)
             b = f.read(1)
             f.seek(-1, os.SEEK_CUR)
             f.write(bytes([b[0] ^ 0x01]))
@@ -340,9 +341,9 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
         # a file checksummed with an algorithm this node lacks is not corrupt: it stays
         alien = _path(root, keys[3])
         with open(alien, "r+b") as f:
-            head = bytearray(f.read(fmt.header_size(36)))
+            head = bytearray(f.read(fmt.header_size(len(scoped_keys([keys[0]])[0]))))
             head[6] = 99  # unknown algorithm id, header checksum made valid again
-            head[12:16] = fmt._header_crc(head, bytes(keys[3])).to_bytes(4, "little")
+            head[12:16] = fmt._header_crc(head, scoped_keys([keys[3]])[0]).to_bytes(4, "little")
             f.seek(0)
             f.write(head)
         res = TierDriver(reader).load(keys[3:5], [3, 4])
@@ -407,7 +408,7 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         while not tier._control.alive:  # the tier follows the restart
             assert time.monotonic() - t0 < 30
             time.sleep(0.05)
-        raykv_services.lookup_cache.invalidate(keys)
+        raykv_services.lookup_cache.invalidate(scoped_keys(keys))
         assert tier.lookup_blocking(keys) == [LookupResult.HIT] * 6
         more = _keys(2)
         assert TierDriver(tier).store(more, [0, 1]).success
@@ -433,7 +434,7 @@ def test_unknown_file_on_disk_is_adopted_by_a_store(raykv_services, tmp_path):
     with PrimaryRegion(2, BLOCK) as src, PrimaryRegion(2, BLOCK) as dst:
         _fill(src, 10)
         tier = _tier(raykv_services, root, src.view)
-        LocalStorage(str(root)).store(keys[0], memoryview(src.array[0]), fsync=False)
+        LocalStorage(str(root)).store(scoped_keys([keys[0]])[0], memoryview(src.array[0]), fsync=False)
         before = os.stat(_path(root, keys[0])).st_mtime_ns
         assert _held(raykv_services, keys) == [False, False]
         assert TierDriver(tier).store(keys, [0, 1]).success

@@ -10,6 +10,7 @@ import pytest
 import ray
 
 import raykv
+from raykv.identity import scoped_keys
 from raykv.client import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
@@ -63,7 +64,7 @@ def keys_of(start: int, n: int) -> list[bytes]:
 
 def holders_of(services, keys) -> list[list[str]]:
     """Fresh from the directory (no cache): the tier types holding each key."""
-    return [[h.tier_type for h in hs] for hs in services.directory.lookup(keys)]
+    return [[h.tier_type for h in hs] for hs in services.directory.lookup(scoped_keys(keys))]
 
 
 def register_calls(services) -> int:
@@ -87,7 +88,7 @@ def test_store_lookup_load_byte_identical(raykv_services, regions):
     # one batched register per job (one call per directory shard at most)
     assert register_calls(raykv_services) - before <= raykv_services.directory.num_shards
 
-    raykv_services.lookup_cache.invalidate(keys)  # ask the directory, not our own note
+    raykv_services.lookup_cache.invalidate(scoped_keys(keys))  # ask the directory, not our own note
     missing = keys_of(1000, 1)
     assert reader.lookup_blocking(keys + missing) == [LookupResult.HIT] * 8 + [LookupResult.MISS]
 
@@ -127,7 +128,7 @@ def test_lru_eviction_keeps_bytes_within_capacity(fresh_raykv, regions):
     stats = tier.stats()
     assert stats["bytes_used"] <= stats["capacity_bytes"] == 4 * block
     assert stats["evictions"] == 2 and stats["blocks"] == 4
-    assert ray.get(tier.actor.holds.remote(job1 + job2 + job3)) == [True] * 2 + [False] * 2 + [True] * 2
+    assert ray.get(tier.actor.holds.remote(scoped_keys(job1 + job2 + job3))) == [True] * 2 + [False] * 2 + [True] * 2
     # evicted keys are gone from the directory by the time the store reports
     assert holders_of(services, job2) == [[], []]
     assert holders_of(services, job1 + job3) == [["object_store"]] * 4
@@ -217,7 +218,7 @@ def test_killed_actor_entries_vanish_and_jobs_fail(fresh_raykv, regions):
         tier.on_schedule_end()
     assert not tier.liveness.alive
     assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 6
-    services.lookup_cache.invalidate(keys)
+    services.lookup_cache.invalidate(scoped_keys(keys))
     assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 6
 
     # stores and loads after the death fail fast instead of hanging

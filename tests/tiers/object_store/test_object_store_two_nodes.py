@@ -10,6 +10,7 @@ import numpy as np
 import ray
 
 import raykv
+from raykv.identity import scoped_keys
 from raykv.contract import LookupResult
 
 BLOCK = 512 * 1024
@@ -41,14 +42,14 @@ class Engine:
 
     def lookup(self, keys: list[bytes], fresh: bool = True) -> list[str]:
         if fresh:
-            self.tier._cache.invalidate(keys)
+            self.tier._cache.invalidate(scoped_keys(keys))
         return [r.name for r in self.tier.lookup_blocking(keys)]
 
     def load(self, keys: list[bytes], forget: bool = False) -> tuple[bool, list[bytes], list[str], float]:
         from raykv.client import TierDriver
 
         if forget:  # no hint from the lookup cache: the node actor asks the directory
-            self.tier._cache.invalidate(keys)
+            self.tier._cache.invalidate(scoped_keys(keys))
         self.region.array[:] = 0
         slots = list(range(len(keys)))[::-1]
         t0 = time.perf_counter()
@@ -94,7 +95,7 @@ def test_store_on_node_a_load_on_node_b(two_nodes):
     # A's actor dies: B's lookups miss and B's loads fail without hanging
     ray.get(a.kill_my_actor.remote())
     t0 = time.monotonic()
-    while any(two_nodes.directory.lookup(keys)):
+    while any(two_nodes.directory.lookup(scoped_keys(keys))):
         assert time.monotonic() - t0 < 1.0
     assert ray.get(b.lookup.remote(keys)) == [LookupResult.MISS.name] * 8
     ok, loaded, _, took = ray.get(b.load.remote(keys[:2], forget=True))

