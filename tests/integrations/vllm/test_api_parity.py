@@ -119,3 +119,55 @@ def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
         assert other.identity.tag != tier.identity.tag
         tier.shutdown()
         other.shutdown()
+
+
+def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local) -> None:
+    """take_events() folds to exactly what the holder keeps of this identity."""
+    import ray
+
+    import raykv
+    from raykv.integrations.vllm.tiers import RaykvObjectStoreTier
+    from raykv.keys import prefix_keys
+
+    block = 64 << 10
+    ns = "raykv-events"
+    services = raykv.start({"namespace": ns})
+    with PrimaryRegion(16, block) as region:
+        region.array[:] = 1
+        tier = RaykvObjectStoreTier(
+            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvObjectStoreTier",
+            identity=IDENTITY, kv_events=True, namespace=ns, capacity_bytes=10 * block,
+        )
+        ctx = vbase.ReqContext(req_id="events")
+        held: set[bytes] = set()
+        events: list = []
+
+        def step() -> None:
+            tier.on_schedule_end()
+            for e in tier.take_events():
+                assert e.medium is vbase.Medium.CPU and e.ownership == "RaykvObjectStoreTier" and not e.removal_expected
+                events.append(e)
+                (held.difference_update if e.removed else held.update)(e.keys)
+
+        keys = prefix_keys(list(range(16 * 24)), 16)  # 24 blocks; the tier keeps 10
+        for job_id, start in enumerate(range(0, 24, 4)):
+            batch = keys[start : start + 4]
+            tier.submit_store(compat.make_job(job_id=job_id, keys=batch, chunk_ids=np.arange(4, dtype=np.int32),
+                                              is_promotion=False, req_context=ctx))
+            deadline = time.monotonic() + 30
+            done: list = []
+            while not done and time.monotonic() < deadline:
+                done = list(tier.get_finished_jobs())
+                step()
+            assert done and done[0].success
+        actor_keys = set(ray.get(tier.raykv_tier.actor.keys.remote()))
+        mine = {k[8:] for k in actor_keys if k[:8] == tier.identity.tag}
+        deadline = time.monotonic() + 10
+        while held != mine and time.monotonic() < deadline:
+            step()
+            time.sleep(0.01)
+        assert held == mine and 4 <= len(mine) <= 10  # whole packs go
+        assert any(e.removed for e in events), "no eviction was reported"
+        assert set(keys[-4:]) <= held and not set(keys[:4]) & held
+        tier.shutdown()
+    services.shutdown()

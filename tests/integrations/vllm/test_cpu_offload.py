@@ -92,7 +92,8 @@ def test_evicted_prompt_is_served_from_offload(offload_llm) -> None:
     assert delta["prefix_cache_hits"] == 0  # not the engine's own cache ...
     assert delta["external_prefix_cache_hits"] == CACHEABLE  # ... but the connector
     source = "disk" if kind == "fs" else "host"
-    assert delta[f"source:{source}"] == CACHEABLE
+    if any(k.startswith("source:") for k in after):  # vLLM >= 0.32 counts hits per source
+        assert delta[f"source:{source}"] == CACHEABLE
     if kind == "fs":
         assert list(fs_root.rglob("*.bin")), "fs tier wrote no block files"
 

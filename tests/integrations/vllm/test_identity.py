@@ -70,7 +70,7 @@ def cluster(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
     models = tmp_path_factory.mktemp("identity-models")
     model_a = str(shutil.copytree(tiny_model, models / "model-a"))
     model_b = str(shutil.copytree(tiny_model, models / "model-b"))
-    reseed_weights(model_b, seed=1234)
+    reseed_weights(model_b, seed=4321)
     cfg = raykv_kv_transfer_config(
         {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB}]},
         cpu_bytes=64 * (128 << 10),

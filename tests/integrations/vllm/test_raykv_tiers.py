@@ -125,6 +125,17 @@ def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
     assert after.get(source, 0) - before.get(source, 0) == CACHEABLE
     if kind == "object_store":  # the node actor copied the blocks into the primary
         assert loads_after["hits"] - loads_before["hits"] >= 1
+    # vLLM's own metrics show the raykv tier's hits: its tiering manager's
+    # per-tier chunk hits, and the vllm:raykv_* series raykv reports through
+    # get_stats (declared by build_metric_definitions)
+    series = [(m.name, dict(m.labels), m.value) for m in llm.get_metrics() if hasattr(m, "value")]
+    tier_hits = [v for n, labels, v in series if n.startswith("vllm:kv_offload_tiering_") and n.endswith("_hits")
+                 and "raykv" in labels.get("tier", "").lower()]
+    assert tier_hits and sum(tier_hits) >= CACHEABLE // 128, [s for s in series if "tiering" in s[0]]
+    raykv_hits = [v for n, _, v in series if n == "vllm:raykv_lookup_hits"]
+    raykv_loaded = [v for n, _, v in series if n == "vllm:raykv_blocks_loaded"]
+    assert sum(raykv_hits) >= CACHEABLE // 128 and sum(raykv_loaded) >= CACHEABLE // 128, [
+        s for s in series if "raykv" in s[0]]
     cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
     assert list(cold_lp) == list(warm_lp)
     assert {t: lp.logprob for t, lp in cold_lp.items()} == {t: lp.logprob for t, lp in warm_lp.items()}
