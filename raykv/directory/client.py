@@ -21,6 +21,7 @@ import numpy as np
 import ray
 
 from raykv.contract import ReqContext, RequestOffloadingContext
+from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.holders import HolderInfo, preference
 from raykv.keys import shard_of
 from raykv.policy import PolicyRule, decide
@@ -59,14 +60,17 @@ def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixH
 _NOBODY: list[HolderInfo] = []
 
 
-def _answers(slots: list[Any], table: dict[int, dict[str, Any]]) -> list[list[HolderInfo]]:
-    """A shard's per-key slots -> per-key holder lists (one list per distinct answer)."""
+def decode_reply(reply: Any) -> np.ndarray:
+    """A shard's lookup reply -> per key its holder list, as an object array
+    (one list per distinct holder set, shared between keys: read-only)."""
+    blob, sets, table = reply
+    ids = np.frombuffer(blob, dtype="<u4")
     holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
-    memo: dict[Any, list[HolderInfo]] = {None: _NOBODY}
-    for v in set(slots):
-        if v is not None:
-            memo[v] = [holders[v]] if isinstance(v, int) else [holders[s] for s in v]
-    return list(map(memo.__getitem__, slots))
+    by_id = np.empty(max(sets, default=0) + 1, dtype=object)
+    by_id[0] = _NOBODY
+    for i, slots in sets.items():
+        by_id[i] = [holders[s] for s in slots]
+    return by_id[ids]
 
 
 def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
@@ -76,7 +80,7 @@ def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
     return [bytes(k) for k in keys]
 
 
-def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
+def shard_ids(keys: list[bytes], num_shards: int) -> np.ndarray | None:
     """``shard_of`` of every key, vectorized; None unless all keys have one length >= 12."""
     lengths = set(map(len, keys))
     if len(lengths) != 1:
@@ -92,7 +96,7 @@ def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
-    def __init__(self, keys: list[bytes], parts: list[tuple[list[int], ray.ObjectRef]]) -> None:
+    def __init__(self, keys: list[bytes], parts: list[tuple[np.ndarray, ray.ObjectRef]]) -> None:
         self.keys = keys
         self.parts = parts
         self.sent_at = time.monotonic()
@@ -105,18 +109,26 @@ class PendingLookup:
     def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """Holders of each key (empty list: nobody). Keys with the same holders
         share one list: treat the lists as read-only."""
-        answers = ray.get([ref for _, ref in self.parts], timeout=timeout)
+        return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
+
+    def decode(self, replies: Sequence[Any]) -> list[list[HolderInfo]]:
+        """Per key its holders, from the shards' replies (in ``parts`` order)."""
         if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
-            return _answers(*answers[0])  # one shard had every key, in order
-        out: list[list[HolderInfo]] = [_NOBODY] * len(self.keys)
-        for (positions, _), (slots, table) in zip(self.parts, answers):
-            for pos, holders in zip(positions, _answers(slots, table)):
-                out[pos] = holders
-        return out
+            return decode_reply(replies[0]).tolist()  # one shard had every key, in order
+        out = np.empty(len(self.keys), dtype=object)
+        out.fill(_NOBODY)
+        for (positions, _), reply in zip(self.parts, replies):
+            out[positions] = decode_reply(reply)
+        return out.tolist()
 
 
 class DirectoryClient:
-    """Talks to the ``num_shards`` directory shard actors of one namespace."""
+    """Talks to the ``num_shards`` directory shard actors of one namespace.
+
+    Keys cross to the shards as one blob of fingerprints per call
+    (``raykv.directory.fingerprint``), and answers come back as one blob of
+    holder-set ids: no per-key object is pickled either way.
+    """
 
     def __init__(self, shards: Sequence[Any]) -> None:
         if not shards:
@@ -127,27 +139,23 @@ class DirectoryClient:
     def num_shards(self) -> int:
         return len(self.shards)
 
-    def _split(self, keys: Sequence[bytes]) -> list[tuple[list[int], list[bytes]]]:
-        """Per shard: the positions of its keys in ``keys``, and those keys (as bytes)."""
+    def _split(self, keys: Sequence[bytes]) -> list[tuple[np.ndarray, bytes]]:
+        """Per shard: the positions of its keys in ``keys``, and their fingerprints' blob."""
         n = len(self.shards)
         keys = as_bytes(keys)
+        fps = fingerprints(keys)
         if n == 1:
-            return [(list(range(len(keys))), keys)]
+            return [(np.arange(len(keys)), to_blob(fps))]
         ids = shard_ids(keys, n) if len(keys) >= 64 else None
         if ids is None:  # few keys, or keys of different lengths
-            positions: list[list[int]] = [[] for _ in range(n)]
-            parts: list[list[bytes]] = [[] for _ in range(n)]
-            for i, key in enumerate(keys):
-                s = shard_of(key, n)
-                positions[s].append(i)
-                parts[s].append(key)
-            return list(zip(positions, parts))
+            ids = np.fromiter((shard_of(k, n) for k in keys), dtype=np.int64, count=len(keys))
+        ids = ids.astype(np.int64, copy=False)
         order = np.argsort(ids, kind="stable")
         bounds = np.cumsum(np.bincount(ids, minlength=n))
         out = []
         for s in range(n):
-            pos = order[(bounds[s - 1] if s else 0) : bounds[s]].tolist()
-            out.append((pos, list(map(keys.__getitem__, pos))))
+            pos = order[(bounds[s - 1] if s else 0) : bounds[s]]
+            out.append((pos, to_blob(fps[pos])))
         return out
 
     # -- holders ---------------------------------------------------------
@@ -161,24 +169,24 @@ class DirectoryClient:
     # -- keys --------------------------------------------------------------
     def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
-            self.shards[i].register.remote(holder_id, part)
-            for i, (_, part) in enumerate(self._split(keys))
-            if part
+            self.shards[i].register.remote(holder_id, blob)
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
-            self.shards[i].unregister.remote(holder_id, part)
-            for i, (_, part) in enumerate(self._split(keys))
-            if part
+            self.shards[i].unregister.remote(holder_id, blob)
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
 
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
         keys = as_bytes(keys)
         parts = [
-            (pos, self.shards[i].lookup.remote(part))
-            for i, (pos, part) in enumerate(self._split(keys))
-            if part
+            (pos, self.shards[i].lookup.remote(blob))
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
         return PendingLookup(keys, parts)
 
@@ -192,6 +200,11 @@ class DirectoryClient:
         """Leading keys held anywhere, each with its preferred holder:
         this node's plasma, then shared storage, then another node's plasma."""
         return prefix_of(self.lookup(keys, timeout), node_id)
+
+    def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
+        """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
+        parts = ray.get([s.holder_fingerprints.remote(holder_id) for s in self.shards], timeout=timeout)
+        return set(np.concatenate(parts).tolist()) if parts else set()
 
     def stats(self, timeout: float | None = 30.0) -> list[dict[str, Any]]:
         return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
