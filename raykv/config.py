@@ -117,6 +117,12 @@ class RaykvConfig:
     lookup_ttl_s: float = opt(
         2.0, kind=float, min=0.0, doc="how long an engine trusts a directory answer"
     )
+    lookup_cache_entries: int = opt(
+        131_072,
+        kind=int,
+        min=1,
+        doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
+    )
     tiers: list = opt(
         [], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`"
     )

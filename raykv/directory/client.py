@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -217,18 +218,44 @@ class LookupCache:
     None; ``request`` queues the key; ``flush`` sends all queued keys as one
     batched lookup; ``poll`` absorbs finished lookups. An answer that does not
     come within ``max_wait_s`` counts as "nobody holds it" (a miss is safe).
+
+    Memory is bounded: at most ``max_entries`` answers are kept (least
+    recently used ones go first; a dropped answer costs a RETRY and one more
+    lookup, never a wrong answer), at most ``max_entries`` keys wait for the
+    next ``flush``, and in-flight keys leave when their lookup answers or
+    times out.
     """
 
-    def __init__(self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0) -> None:
+    def __init__(
+        self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0, max_entries: int = 131_072
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.client = client
         self.ttl_s = ttl_s
         self.max_wait_s = max_wait_s
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._answers: dict[bytes, tuple[float, list[HolderInfo]]] = {}
+        self._answers: OrderedDict[bytes, tuple[float, list[HolderInfo]]] = OrderedDict()
         self._queued: dict[bytes, None] = {}
         self._in_flight: dict[bytes, PendingLookup] = {}
         self._pending: list[PendingLookup] = []
         self.lookups_sent = 0
+        self.evicted = 0  # answers dropped to stay within max_entries
+
+    def __len__(self) -> int:
+        """Answers kept now (at most ``max_entries``)."""
+        return len(self._answers)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per structure: answers, queued keys, in-flight keys, pending lookups."""
+        with self._lock:
+            return {
+                "answers": len(self._answers),
+                "queued": len(self._queued),
+                "in_flight": len(self._in_flight),
+                "pending": len(self._pending),
+            }
 
     def get(self, key: bytes) -> list[HolderInfo] | None:
         with self._lock:
@@ -239,12 +266,15 @@ class LookupCache:
             if time.monotonic() - at > self.ttl_s:
                 del self._answers[key]
                 return None
+            self._answers.move_to_end(key)
             return holders
 
     def request(self, key: bytes) -> None:
         with self._lock:
             if key not in self._in_flight:
                 self._queued[key] = None
+                if len(self._queued) > self.max_entries:  # asked again on its next lookup
+                    del self._queued[next(iter(self._queued))]
 
     def has_pending(self) -> bool:
         with self._lock:
@@ -295,8 +325,18 @@ class LookupCache:
     def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
         now = time.monotonic()
         with self._lock:
+            cache = self._answers
+            if len(keys) >= self.max_entries:  # only the last ones can stay
+                cache.clear()
+                self.evicted += len(keys) - self.max_entries
+                keys, answers = keys[-self.max_entries :], answers[-self.max_entries :]
             for k, holders in zip(keys, answers):
-                self._answers[k] = (now, holders)
+                cache[k] = (now, holders)
+                cache.move_to_end(k)
+            over = len(cache) - self.max_entries
+            self.evicted += max(0, over)
+            for _ in range(over):
+                cache.popitem(last=False)
 
     def wait(self, timeout: float = 10.0) -> None:
         """Flush and block until every queued key is answered (tools and tests)."""

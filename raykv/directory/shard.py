@@ -42,6 +42,17 @@ REBUILD_TIMEOUT_S = 3.0
 LookupReply = tuple[bytes, dict[int, tuple[int, ...]], dict[int, dict[str, Any]]]
 
 
+def distinct(fps: np.ndarray) -> np.ndarray:
+    """The distinct fingerprints of a batch (sorting: faster here than ``np.unique``'s hashing)."""
+    if len(fps) < 2:
+        return fps
+    fps = np.sort(fps)
+    keep = np.empty(len(fps), dtype=bool)
+    keep[0] = True
+    np.not_equal(fps[1:], fps[:-1], out=keep[1:])
+    return fps[keep]
+
+
 class DirectoryShardImpl:
     """Plain-Python shard state (wrapped by the ``DirectoryShard`` actor).
 
@@ -108,13 +119,10 @@ class DirectoryShardImpl:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0  # holder unknown or already dropped: ignore late registrations
-        fps = np.unique(from_blob(keys))
+        fps = distinct(from_blob(keys))
         table = self._table
         table.reserve(len(fps))  # before ``find``: a rebuild moves slots
-        pos = table.find(fps)
-        absent = pos < 0
-        if absent.any():
-            pos[absent] = table.insert(fps[absent])
+        pos = table.upsert(fps)
         cur = table.values[pos]
         fresh = ~self._sets.has(cur, slot)
         pos, cur = pos[fresh], cur[fresh]
@@ -127,7 +135,7 @@ class DirectoryShardImpl:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0
-        pos = self._table.find(np.unique(from_blob(keys)))
+        pos = self._table.find(distinct(from_blob(keys)))
         pos = pos[pos >= 0]
         cur = self._table.values[pos]
         pos, cur = pos[self._sets.has(cur, slot)], cur[self._sets.has(cur, slot)]
@@ -155,7 +163,7 @@ class DirectoryShardImpl:
         if slot is None:
             return np.zeros(0, dtype=np.uint64)
         table = self._table
-        return table.fps[np.isin(table.values, self._sets.containing(slot))].copy()
+        return table.flat_fps[np.isin(table.values, self._sets.containing(slot))].copy()
 
     def stats(self) -> dict[str, Any]:
         return {

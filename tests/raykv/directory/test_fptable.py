@@ -20,7 +20,7 @@ def test_table_matches_a_dict_through_growth_and_rebuilds():
             pos = table.find(batch)
             pos = pos[pos >= 0]
             table.values[pos] = 0
-            for f in table.fps[pos].tolist():
+            for f in table.flat_fps[pos].tolist():
                 model.pop(f, None)
             continue
         table.reserve(len(batch))
@@ -35,9 +35,9 @@ def test_table_matches_a_dict_through_growth_and_rebuilds():
     assert got.tolist() == [model.get(f, 0) for f in universe.tolist()]
 
 
-def test_colliding_home_slots_all_land_and_are_found():
+def test_colliding_home_buckets_all_land_and_are_found():
     table = FingerprintTable(1024)
-    fps = (np.arange(1, 400, dtype=np.uint64) << np.uint64(20)) | np.uint64(5)  # one home slot
+    fps = (np.arange(1, 400, dtype=np.uint64) << np.uint64(20)) | np.uint64(5)  # one home bucket
     table.reserve(len(fps))
     slots = table.insert(fps)
     assert len(set(slots.tolist())) == len(fps)
