@@ -61,17 +61,51 @@ def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixH
 _NOBODY: list[HolderInfo] = []
 
 
-def decode_reply(reply: Any) -> np.ndarray:
-    """A shard's lookup reply -> per key its holder list, as an object array
-    (one list per distinct holder set, shared between keys: read-only)."""
-    blob, sets, table = reply
-    ids = np.frombuffer(blob, dtype="<u4")
-    holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
-    by_id = np.empty(max(sets, default=0) + 1, dtype=object)
-    by_id[0] = _NOBODY
-    for i, slots in sets.items():
-        by_id[i] = [holders[s] for s in slots]
-    return by_id[ids]
+def _holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shard replies -> (per key a code, per code its holder list); code 0: nobody.
+
+    ``parts``: (positions of the reply's keys, or None for all keys in order,
+    reply). Codes number each shard's holder sets after the previous shards'.
+    """
+    by_code: list[list[HolderInfo]] = [_NOBODY]
+    if len(parts) == 1 and parts[0][0] is None:
+        codes = np.frombuffer(parts[0][1][0], dtype="<u4")
+    else:
+        codes = np.zeros(n, dtype=np.int64)
+    for positions, (blob, sets, table) in parts:
+        ids = np.frombuffer(blob, dtype="<u4")
+        holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
+        lut = np.zeros(max(sets, default=0) + 1, dtype=np.int64)
+        for i, slots in sets.items():
+            lut[i] = len(by_code)
+            by_code.append([holders[s] for s in slots])
+        if positions is None:
+            codes = lut[ids]
+        else:
+            codes[positions] = lut[ids]
+    table_arr = np.empty(len(by_code), dtype=object)
+    for i, hs in enumerate(by_code):
+        table_arr[i] = hs
+    return codes, table_arr
+
+
+def decode_reply(reply: Any) -> list[list[HolderInfo]]:
+    """One shard's lookup reply -> per key its holders (lists shared between
+    keys with the same holders: read-only)."""
+    codes, by_code = _holder_codes([(None, reply)], 0)
+    return by_code[codes].tolist()
+
+
+def prefix_from_codes(codes: np.ndarray, by_code: np.ndarray, node_id: str | None) -> PrefixHit:
+    """``prefix_of`` over coded answers: numpy per key, Python per distinct holder set."""
+    nobody = np.flatnonzero(codes == 0)
+    lead = int(nobody[0]) if len(nobody) else len(codes)
+    head = codes[:lead]
+    best = np.empty(len(by_code), dtype=object)
+    for c in np.flatnonzero(np.bincount(head, minlength=len(by_code))) if lead else ():
+        hs = by_code[c]
+        best[c] = hs[0] if len(hs) == 1 else min(hs, key=lambda h: preference(h, node_id))
+    return PrefixHit(lead, best[head].tolist())
 
 
 def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
@@ -112,15 +146,20 @@ class PendingLookup:
         share one list: treat the lists as read-only."""
         return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
 
+    def _codes(self, replies: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+        if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
+            return _holder_codes([(None, replies[0])], len(self.keys))  # one shard had every key, in order
+        return _holder_codes([(pos, r) for (pos, _), r in zip(self.parts, replies)], len(self.keys))
+
     def decode(self, replies: Sequence[Any]) -> list[list[HolderInfo]]:
         """Per key its holders, from the shards' replies (in ``parts`` order)."""
-        if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
-            return decode_reply(replies[0]).tolist()  # one shard had every key, in order
-        out = np.empty(len(self.keys), dtype=object)
-        out.fill(_NOBODY)
-        for (positions, _), reply in zip(self.parts, replies):
-            out[positions] = decode_reply(reply)
-        return out.tolist()
+        codes, by_code = self._codes(replies)
+        return by_code[codes].tolist()
+
+    def prefix(self, node_id: str | None, timeout: float | None = None) -> PrefixHit:
+        """The leading keys held anywhere, each with its preferred holder."""
+        codes, by_code = self._codes(ray.get([ref for _, ref in self.parts], timeout=timeout))
+        return prefix_from_codes(codes, by_code, node_id)
 
 
 class DirectoryClient:
@@ -200,7 +239,7 @@ class DirectoryClient:
     ) -> PrefixHit:
         """Leading keys held anywhere, each with its preferred holder:
         this node's plasma, then shared storage, then another node's plasma."""
-        return prefix_of(self.lookup(keys, timeout), node_id)
+        return self.lookup_async(keys).prefix(node_id, timeout)
 
     def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
         """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
