@@ -117,6 +117,13 @@ class RaykvConfig:
     lookup_ttl_s: float = opt(
         2.0, kind=float, min=0.0, doc="how long an engine trusts a directory answer"
     )
+    lookup_wait_ms: float = opt(
+        2.0,
+        kind=float,
+        min=0.0,
+        doc="at a request's first lookup, how long an engine waits for the one directory call that resolves "
+        "the request's whole prefix (answered in time: HIT/MISS in that step; else RETRY); 0: never wait",
+    )
     lookup_cache_entries: int = opt(
         131_072,
         kind=int,

@@ -377,6 +377,41 @@ class LookupCache:
             for _ in range(over):
                 cache.popitem(last=False)
 
+    def resolve(self, keys: Sequence[bytes], timeout_s: float) -> bool:
+        """Look ``keys`` up now, in one batched call, and wait at most
+        ``timeout_s`` for the answer (a request's whole prefix at its first
+        lookup: its HITs and MISSes are then known in the step that asked).
+        True when answered in time; otherwise the answer lands later, as for
+        ``request`` + ``flush``."""
+        with self._lock:
+            unknown = [k for k in dict.fromkeys(keys) if k not in self._answers and k not in self._in_flight]
+        if not unknown:
+            return True
+        try:
+            pending = self.client.lookup_async(unknown)
+        except Exception as e:  # directory unreachable: answer "nobody"
+            logger.warning("directory lookup failed to send: %r", e)
+            self._answer(unknown, [[] for _ in unknown])
+            return True
+        refs = [ref for _, ref in pending.parts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        if len(ready) == len(refs):
+            try:
+                answers = pending.result(timeout=0)
+            except Exception as e:  # a shard died mid-lookup: treat as misses
+                logger.warning("directory lookup failed: %r", e)
+                answers = [[] for _ in unknown]
+            self._answer(unknown, answers)
+            with self._lock:
+                self.lookups_sent += 1
+            return True
+        with self._lock:  # not in time: ``poll`` absorbs it later
+            self.lookups_sent += 1
+            self._pending.append(pending)
+            for k in unknown:
+                self._in_flight[k] = pending
+        return False
+
     def wait(self, timeout: float = 10.0) -> None:
         """Flush and block until every queued key is answered (tools and tests)."""
         self.flush()

@@ -69,10 +69,12 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
             return cached
     params = ctx.kv_transfer_params or None
     tenant = params.get("tenant") if isinstance(params, dict) else None
+    positions = getattr(ctx, "_offload_key_positions", None)  # vLLM >= 0.32: every key, in order
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params,
         tenant=str(tenant) if tenant is not None else None,
+        prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
     )
     if state is not None:
         state[contract.ReqContext] = out
