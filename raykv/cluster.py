@@ -61,7 +61,9 @@ class RaykvServices:
         self.namespace = config.namespace
         self.control = control
         self.directory = DirectoryClient(shards)
-        self.lookup_cache = LookupCache(self.directory, ttl_s=config.lookup_ttl_s)
+        self.lookup_cache = LookupCache(
+            self.directory, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries
+        )
         self._policy: PolicyCache | None = None
         self._identities_sent: set[bytes] = set()
 

@@ -117,6 +117,22 @@ class RaykvConfig:
     lookup_ttl_s: float = opt(
         2.0, kind=float, min=0.0, doc="how long an engine trusts a directory answer"
     )
+    # Off by default: DESIGN.md's rule is that the scheduler thread never
+    # waits on I/O; the trade (up to this long per new request, for one fewer
+    # engine step per promotion) is not measured end to end yet.
+    lookup_wait_ms: float = opt(
+        0.0,
+        kind=float,
+        min=0.0,
+        doc="at a request's first lookup, how long an engine waits for the one directory call that resolves "
+        "the request's whole prefix (answered in time: HIT/MISS in that step; else RETRY); 0: never wait",
+    )
+    lookup_cache_entries: int = opt(
+        131_072,
+        kind=int,
+        min=1,
+        doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
+    )
     tiers: list = opt(
         [], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`"
     )

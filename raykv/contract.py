@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
@@ -61,6 +61,12 @@ class ReqContext:
     kv_transfer_params: Mapping[str, Any] | None = None
     tenant: str | None = None
     cache_salt: str | None = None
+    #: The request's offload keys in prefix order, when the engine knows them
+    #: (vLLM records them before its lookups): directory-backed tiers resolve
+    #: them in one call at the request's first lookup.
+    prefix_keys: Callable[[], Sequence[bytes]] | None = field(default=None, repr=False, compare=False)
+    #: Set by a tier once it resolved this request's prefix (one wait per request).
+    prefix_resolved: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass

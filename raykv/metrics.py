@@ -312,7 +312,7 @@ class ActorMetrics:
 async def publish_shard_metrics(shard: Any, period_s: float = 1.0) -> None:
     """Forever: a directory shard's keys, holders, lookups and invalidations.
 
-    ``shard`` is a ``DirectoryShardImpl`` (its ``index``, ``_entries``,
+    ``shard`` is a ``DirectoryShardImpl`` (its ``index``, ``num_keys``,
     ``_holders``, ``looked_up`` and ``invalidated`` counters). Runs as a task
     on the shard actor's event loop; each round only records locally.
     """
@@ -323,7 +323,7 @@ async def publish_shard_metrics(shard: Any, period_s: float = 1.0) -> None:
     seen: dict[str, int] = {}
     while True:
         try:
-            _record("raykv_directory_keys", len(shard._entries), tags)
+            _record("raykv_directory_keys", shard.num_keys, tags)
             _record("raykv_directory_holders", len(shard._holders), tags)
             if shard.looked_up > seen_lookups:
                 _record("raykv_directory_lookup_keys", shard.looked_up - seen_lookups, tags)

@@ -90,11 +90,13 @@ class DirectoryBackedTier(SecondaryTier):
                 return LookupResult.MISS  # a malformed key is nobody's: never batch it
         elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
             return LookupResult.MISS
-        return self._lookup_scoped(self.key_tag + key)
+        return self._lookup_scoped(self.key_tag + key, req_context)
 
-    def _lookup_scoped(self, key: bytes) -> LookupResult:
+    def _lookup_scoped(self, key: bytes, req_context: ReqContext | None = None) -> LookupResult:
         self._cache.poll()
         holders = self._cache.get(key)
+        if holders is None and req_context is not None and self._resolve_prefix(key, req_context):
+            holders = self._cache.get(key)
         if holders is None:
             self._cache.request(key)
             self.metrics.lookup(LookupResult.RETRY)
@@ -102,6 +104,26 @@ class DirectoryBackedTier(SecondaryTier):
         result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
         self.metrics.lookup(result)  # a local count; flushed to Ray once per step
         return result
+
+    def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
+        """At a request's first unknown key: look up its whole prefix (or this
+        key) in one directory call and wait up to ``lookup_wait_ms`` for it, so
+        that HIT and MISS are answered in the step that asked."""
+        wait_s = getattr(self.services.config, "lookup_wait_ms", 0.0) / 1000
+        if wait_s <= 0 or req_context.prefix_resolved:
+            return False
+        req_context.prefix_resolved = True
+        keys = [key]
+        if req_context.prefix_keys is not None:
+            tag = self.key_tag
+            try:
+                keys += [
+                    tag + k for k in req_context.prefix_keys()
+                    if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
+                ]
+            except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
+                logger.debug("prefix keys unavailable: %r", e)
+        return self._cache.resolve(keys, wait_s)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return self.services.policy.decide(self.tier_type, req_context)

@@ -1,8 +1,10 @@
 """``raykv bench directory``: batched prefix lookups against directory shards.
 
 On an embedded local Ray, for each shard count it starts a fresh directory,
-registers random 36-byte offload keys (32-byte hash + 4-byte group index, as
-vLLM's) for one holder up to each stored-key count, and after each count:
+registers random 44-byte identity-scoped keys (an 8-byte identity tag + a
+32-byte hash + 4-byte group index, as raykv stores vLLM's keys) for one holder
+up to each stored-key count (``register_keys_per_s``: sequential 100k-key
+register calls from one caller), and after each count:
 
 - ``bytes_per_key``: the growth of the shard actors' private resident memory
   (``RssAnon``, summed over the shards) while the keys were registered, per key;
@@ -12,7 +14,16 @@ vLLM's) for one holder up to each stored-key count, and after each count:
   ``lookup_keys_per_s`` (keys answered per second by one caller);
 - ``lookup_keys_per_s_pipelined`` (100k-key calls): ``--pipeline`` calls in
   flight at once from the same caller, so the shards rather than the caller's
-  round trips set the pace.
+  round trips set the pace;
+- ``shard_cpu_us_per_key``: CPU time of the shard processes (every thread:
+  Ray's deserialisation included) per key looked up, per call size.
+
+Then, on one shard at the largest stored count, ``--clients`` simulated
+engine clients (actors, each its own holder) run a step loop for
+``--seconds``: look up ``--step-lookups`` keys (half stored, half never
+stored), register ``--step-registers`` new keys and unregister as many old
+ones. Reported: keys/s over all clients, the shard's CPU time per key, and the
+p50/p99 of one client step (its three calls).
 
 A call is the real client path: split by shard in the caller, one actor call
 per shard, shard lookup, per-key holders merged back, the leading run of held
@@ -41,7 +52,8 @@ from raykv.bench.common import (
 
 HELP = "batched prefix lookups: keys/s, p50/p99 per call and bytes per key, for 1/2/4 shards"
 
-KEY_BYTES = 36
+KEY_BYTES = 44  # identity tag (8) + block hash (32) + group index (4)
+TAG = bytes.fromhex("5ca1ab1e0ddba11c")
 REGISTER_BATCH = 100_000
 #: Keep one query key in this many registered ones (bounds the caller's memory).
 POOL_MAX = 1_000_000
@@ -53,6 +65,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shards", default=None, help="shard counts (default 1,2,4; quick 1,2)")
     p.add_argument("--calls", type=int, default=None, help="timed calls per configuration (default: ~2M keys' worth, 30..400)")
     p.add_argument("--pipeline", type=int, default=4, help="calls in flight for the pipelined throughput")
+    p.add_argument("--clients", type=int, default=None, help="simulated engine clients on one shard (default 8; quick 2; 0: skip)")
+    p.add_argument("--seconds", type=float, default=None, help="duration of the concurrent-clients run (default 20; quick 3)")
+    p.add_argument("--step-lookups", type=int, default=512, help="keys each client looks up per step")
+    p.add_argument("--step-registers", type=int, default=64, help="keys each client registers (and evicts) per step")
 
 
 def parse_count(s: str) -> int:
@@ -70,6 +86,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "shards": [int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")],
         "calls": args.calls,
         "pipeline": args.pipeline,
+        "clients": args.clients if args.clients is not None else (2 if quick else 8),
+        "seconds": args.seconds or (3.0 if quick else 20.0),
+        "step_lookups": args.step_lookups,
+        "step_registers": args.step_registers,
         "progress": not getattr(args, "no_progress", False),
     }
 
@@ -106,6 +126,23 @@ def _rss(shards: list[Any]) -> int:
     return sum(ray.get([s.__ray_call__.remote(rss) for s in shards]))
 
 
+def _cpu(shards: list[Any]) -> float:
+    """Summed CPU seconds (user + system, all threads) of the shard processes."""
+    import ray
+
+    def cpu(_self: Any) -> float:
+        return time.process_time()
+
+    return sum(ray.get([s.__ray_call__.remote(cpu) for s in shards]))
+
+
+def _keys(n: int) -> list[bytes]:
+    """``n`` random identity-scoped keys."""
+    blob = os.urandom(n * (KEY_BYTES - len(TAG)))
+    step = KEY_BYTES - len(TAG)
+    return [TAG + blob[i : i + step] for i in range(0, len(blob), step)]
+
+
 def _calls_for(size: int, wanted: int | None, quick: bool) -> int:
     if wanted:
         return wanted
@@ -130,9 +167,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         address="local", num_cpus=2, object_store_memory=max(256 << 20, 4 * arg_bytes),
         include_dashboard=False, log_to_driver=False,
     )
-    steps = len(s["shards"]) * (max_keys // REGISTER_BATCH + 1 + len(s["keys"]) * (len(s["call_sizes"]) + 1))
+    steps = len(s["shards"]) * (max_keys // REGISTER_BATCH + 1 + len(s["keys"]) * (len(s["call_sizes"]) + 1)) + 1
     progress = Progress(steps, "directory", s["progress"])
     configs: dict[str, Any] = {}
+    concurrent: dict[str, Any] | None = None
     rng = random.Random(0)
     stride = max(1, -(-max_keys // POOL_MAX))
     try:
@@ -148,20 +186,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             pool: list[bytes] = []
             stored = 0
             for count in s["keys"]:
-                inflight: list[Any] = []
+                reg_s = 0.0
+                reg_n = 0
+                cpu0 = _cpu(directory.shards)
                 while stored < count:
-                    n = min(REGISTER_BATCH, count - stored)
-                    blob = os.urandom(n * KEY_BYTES)
-                    keys = [blob[i : i + KEY_BYTES] for i in range(0, len(blob), KEY_BYTES)]
+                    keys = _keys(min(REGISTER_BATCH, count - stored))
                     pool.extend(keys[::stride])
-                    inflight.append(directory.register(info.holder_id, keys))
-                    if len(inflight) >= 4:  # keep the shards busy while we build the next batch
-                        ray.get(inflight.pop(0))
-                    stored += n
+                    t0 = time.perf_counter()
+                    ray.get(directory.register(info.holder_id, keys))
+                    reg_s += time.perf_counter() - t0
+                    reg_n += len(keys)
+                    stored += len(keys)
                     progress.step(f"{shards} shards: registering {stored:,}")
-                for refs in inflight:
-                    ray.get(refs)
-                del keys, blob, inflight
+                reg_cpu = _cpu(directory.shards) - cpu0
+                keys = None
                 gc.collect()
                 held = sum(st["keys"] for st in directory.stats())
                 rss = _rss(directory.shards)
@@ -171,15 +209,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "directory_keys": held,
                     "shard_rss_bytes": rss,
                     "bytes_per_key": (rss - rss0) / count,
+                    "register_keys_per_s": reg_n / reg_s if reg_s else None,
+                    "register_cpu_us_per_key": reg_cpu / reg_n * 1e6 if reg_n else None,
                     "calls": {},
                 }
                 for size in s["call_sizes"]:
-                    entry["calls"][str(size)] = _lookups(directory, pool, size, _calls_for(size, s["calls"], s["quick"]), rng)
+                    cpu0 = _cpu(directory.shards)
+                    m = _lookups(directory, pool, size, _calls_for(size, s["calls"], s["quick"]), rng)
+                    m["shard_cpu_us_per_key"] = (_cpu(directory.shards) - cpu0) / (size * (m["calls"] + 2)) * 1e6
+                    entry["calls"][str(size)] = m
                     progress.step(f"{shards} shards, {count:,} keys, calls of {size:,}")
                 big = max(s["call_sizes"])
                 entry["lookup_keys_per_s_pipelined"] = _pipelined(directory, pool, big, s["pipeline"], rng, s["quick"])
                 progress.step()
                 configs[f"shards={shards},keys={count}"] = entry
+            if shards == 1 and s["clients"] > 0:
+                progress.step(f"1 shard: {s['clients']} concurrent clients")
+                concurrent = _concurrent(services, pool, s)
             services.shutdown()
             ray.kill(holder)
             del pool
@@ -192,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "config": {k: v for k, v in s.items() if k != "progress"} | {"key_bytes": KEY_BYTES},
         "machine": {**at_start, "loadavg_1m_at_end": machine()["loadavg_1m"]},
         "configs": configs,
+        "concurrent": concurrent,
         "rows": [
             {
                 "shards": c["shards"], "stored_keys": c["stored_keys"], "call_keys": int(size),
@@ -228,6 +275,89 @@ def _lookups(directory: Any, pool: list[bytes], size: int, calls: int, rng: rand
     }
 
 
+def _client_class() -> Any:
+    import ray
+
+    from raykv.tier_base import WatchableActor
+
+    @ray.remote(num_cpus=0)
+    class BenchEngine(WatchableActor):
+        """A simulated engine: a holder of its own, stepping lookup + register + evict."""
+
+        def __init__(self, shards: list[Any], index: int) -> None:
+            from raykv.directory.client import DirectoryClient
+
+            self.directory = DirectoryClient(shards)
+            self.index = index
+
+        def run(self, info: dict[str, Any], pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int) -> dict[str, Any]:
+            from raykv.directory.client import prefix_of
+
+            rng = random.Random(seed)
+            mine: list[bytes] = []
+            steps: list[float] = []
+            keys_done = 0
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                ask = rng.sample(pool, lookups // 2) + _keys(lookups - lookups // 2)
+                fresh = _keys(registers)
+                old, mine = mine[:registers], mine[registers:] + fresh
+                t0 = time.perf_counter()
+                refs = self.directory.register(info["holder_id"], fresh)
+                if old:
+                    refs += self.directory.unregister(info["holder_id"], old)
+                hit = prefix_of(self.directory.lookup(ask), None)
+                ray.get(refs)
+                steps.append(time.perf_counter() - t0)
+                keys_done += len(ask) + len(fresh) + len(old)
+                assert hit.num_keys <= lookups
+            return {"steps": steps, "keys": keys_done}
+
+    return BenchEngine
+
+
+def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str, Any]:
+    """``s["clients"]`` simulated engines stepping against one shard at once."""
+    import ray
+
+    from raykv.directory.holders import PLASMA, HolderInfo
+
+    directory = services.directory
+    cls = _client_class()
+    clients = [cls.remote(directory.shards, i) for i in range(s["clients"])]
+    infos = []
+    for i, c in enumerate(clients):
+        info = HolderInfo(f"bench:engine-{i}", "bench", PLASMA, f"bench-engine-{i}", services.namespace, f"node-{i}")
+        ray.get(directory.add_holder(info, c))
+        infos.append(info)
+    rng = random.Random(1)
+    samples = [rng.sample(pool, min(len(pool), 20_000)) for _ in clients]
+    cpu0 = _cpu(directory.shards)
+    t0 = time.perf_counter()
+    outs = ray.get([
+        c.run.remote(info.to_dict(), sample, s["seconds"], s["step_lookups"], s["step_registers"], i)
+        for i, (c, info, sample) in enumerate(zip(clients, infos, samples))
+    ])
+    wall = time.perf_counter() - t0
+    cpu = _cpu(directory.shards) - cpu0
+    for c in clients:
+        ray.kill(c)
+    steps = [x for o in outs for x in o["steps"]]
+    keys = sum(o["keys"] for o in outs)
+    return {
+        "clients": s["clients"],
+        "seconds": wall,
+        "steps": len(steps),
+        "keys": keys,
+        "keys_per_s": keys / wall,
+        "shard_cpu_s": cpu,
+        "shard_cpu_us_per_key": cpu / keys * 1e6 if keys else None,
+        "shard_busy": cpu / wall,
+        "step_p50_ms": percentile(steps, 50) * 1e3 if steps else None,
+        "step_p99_ms": percentile(steps, 99) * 1e3 if steps else None,
+    }
+
+
 def _pipelined(directory: Any, pool: list[bytes], size: int, depth: int, rng: random.Random, quick: bool) -> float:
     """Keys/s with ``depth`` batched lookups in flight (one caller)."""
     from raykv.directory.client import prefix_of
@@ -254,18 +384,27 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     if one:
         worst = min(one, key=lambda c: c["calls"][big]["lookup_keys_per_s"])
         out.append(target(
-            f"keys/s of one shard, {int(big):,}-key calls (worst stored count)",
-            worst["calls"][big]["lookup_keys_per_s"], 1e6,
+            f"lookup keys/s of one shard, {int(big):,}-key calls (worst stored count)",
+            worst["calls"][big]["lookup_keys_per_s"], 3e6,
             detail=", ".join(f"{c['stored_keys']:,} keys: {c['calls'][big]['lookup_keys_per_s']:,.0f}" for c in one),
         ))
+        worst = min(one, key=lambda c: c["register_keys_per_s"] or 0)
+        out.append(target(
+            "register keys/s of one shard, 100,000-key calls (worst stored count)",
+            worst["register_keys_per_s"], 2e6,
+            detail=", ".join(f"up to {c['stored_keys']:,}: {c['register_keys_per_s']:,.0f}" for c in one),
+        ))
+    p50 = {k: c["calls"][small]["lookup_p50_ms"] for k, c in cfgs.items()}
     p99 = {k: c["calls"][small]["lookup_p99_ms"] for k, c in cfgs.items()}
     if p99:
+        worst_k = max(p50, key=lambda k: p50[k])
+        out.append(target(f"p50 of a {int(small):,}-key call, ms (worst config)", p50[worst_k], 1.5, higher_is_better=False, detail=worst_k))
         worst_k = max(p99, key=lambda k: p99[k])
         out.append(target(f"p99 of a {int(small):,}-key call, ms (worst config)", p99[worst_k], 5.0, higher_is_better=False, detail=worst_k))
     bpk = {k: c["bytes_per_key"] for k, c in cfgs.items()}
     if bpk:
         worst_k = max(bpk, key=lambda k: bpk[k])
-        out.append(target("directory bytes per key (worst config)", bpk[worst_k], 200.0, higher_is_better=False, detail=worst_k))
+        out.append(target("directory bytes per key (worst config)", bpk[worst_k], 48.0, higher_is_better=False, detail=worst_k))
     for count in result["config"]["keys"]:
         row = sorted((c["shards"], c) for c in cfgs.values() if c["stored_keys"] == count)
         if len(row) < 2:
@@ -290,15 +429,33 @@ def format_result(result: dict[str, Any]) -> str:
         for size, m in c["calls"].items():
             rows.append([
                 c["shards"], f"{c['stored_keys']:,}", f"{int(size):,}", m["lookup_keys_per_s"],
-                m["lookup_p50_ms"], m["lookup_p99_ms"], c["bytes_per_key"],
+                m["lookup_p50_ms"], m["lookup_p99_ms"], m.get("shard_cpu_us_per_key"), c["bytes_per_key"],
                 c["lookup_keys_per_s_pipelined"] if size == str(max(cfg["call_sizes"])) else None,
             ])
+    reg = [
+        [c["shards"], f"{c['stored_keys']:,}", c["register_keys_per_s"], c["register_cpu_us_per_key"]]
+        for c in result["configs"].values()
+    ]
     parts = [
-        f"directory: {cfg['key_bytes']}-byte keys, one caller; pipelined = {cfg['pipeline']} calls in flight",
+        f"directory: {cfg['key_bytes']}-byte keys, one caller; pipelined = {cfg['pipeline']} calls in flight; "
+        f"load average {result['machine'].get('loadavg_1m')} at start, {result['machine'].get('loadavg_1m_at_end')} at end",
         table(
-            ("shards", "stored keys", "keys/call", "keys/s", "p50 ms", "p99 ms", "bytes/key", "keys/s pipelined"),
+            ("shards", "stored keys", "keys/call", "keys/s", "p50 ms", "p99 ms", "shard CPU us/key", "bytes/key", "keys/s pipelined"),
             rows,
         ),
-        "\n" + targets_table(result["targets"]),
+        "\nregistration: sequential 100,000-key calls, one caller",
+        table(("shards", "stored keys (up to)", "keys/s", "shard CPU us/key"), reg),
     ]
+    conc = result.get("concurrent")
+    if conc:
+        parts += [
+            f"\n{conc['clients']} simulated engines on one shard for {conc['seconds']:.1f} s: each step looks up "
+            f"{cfg['step_lookups']} keys (half stored), registers {cfg['step_registers']} and evicts {cfg['step_registers']}",
+            table(
+                ("clients", "steps", "keys/s", "shard CPU us/key", "shard busy", "step p50 ms", "step p99 ms"),
+                [[conc["clients"], conc["steps"], conc["keys_per_s"], conc["shard_cpu_us_per_key"], conc["shard_busy"],
+                  conc["step_p50_ms"], conc["step_p99_ms"]]],
+            ),
+        ]
+    parts.append("\n" + targets_table(result["targets"]))
     return "\n".join(parts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import numpy as np
 import ray
 
 from raykv.contract import ReqContext, RequestOffloadingContext
+from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.holders import HolderInfo, preference
 from raykv.keys import shard_of
 from raykv.policy import PolicyRule, decide
@@ -59,14 +61,51 @@ def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixH
 _NOBODY: list[HolderInfo] = []
 
 
-def _answers(slots: list[Any], table: dict[int, dict[str, Any]]) -> list[list[HolderInfo]]:
-    """A shard's per-key slots -> per-key holder lists (one list per distinct answer)."""
-    holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
-    memo: dict[Any, list[HolderInfo]] = {None: _NOBODY}
-    for v in set(slots):
-        if v is not None:
-            memo[v] = [holders[v]] if isinstance(v, int) else [holders[s] for s in v]
-    return list(map(memo.__getitem__, slots))
+def _holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shard replies -> (per key a code, per code its holder list); code 0: nobody.
+
+    ``parts``: (positions of the reply's keys, or None for all keys in order,
+    reply). Codes number each shard's holder sets after the previous shards'.
+    """
+    by_code: list[list[HolderInfo]] = [_NOBODY]
+    if len(parts) == 1 and parts[0][0] is None:
+        codes = np.frombuffer(parts[0][1][0], dtype="<u4")
+    else:
+        codes = np.zeros(n, dtype=np.int64)
+    for positions, (blob, sets, table) in parts:
+        ids = np.frombuffer(blob, dtype="<u4")
+        holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
+        lut = np.zeros(max(sets, default=0) + 1, dtype=np.int64)
+        for i, slots in sets.items():
+            lut[i] = len(by_code)
+            by_code.append([holders[s] for s in slots])
+        if positions is None:
+            codes = lut[ids]
+        else:
+            codes[positions] = lut[ids]
+    table_arr = np.empty(len(by_code), dtype=object)
+    for i, hs in enumerate(by_code):
+        table_arr[i] = hs
+    return codes, table_arr
+
+
+def decode_reply(reply: Any) -> list[list[HolderInfo]]:
+    """One shard's lookup reply -> per key its holders (lists shared between
+    keys with the same holders: read-only)."""
+    codes, by_code = _holder_codes([(None, reply)], 0)
+    return by_code[codes].tolist()
+
+
+def prefix_from_codes(codes: np.ndarray, by_code: np.ndarray, node_id: str | None) -> PrefixHit:
+    """``prefix_of`` over coded answers: numpy per key, Python per distinct holder set."""
+    nobody = np.flatnonzero(codes == 0)
+    lead = int(nobody[0]) if len(nobody) else len(codes)
+    head = codes[:lead]
+    best = np.empty(len(by_code), dtype=object)
+    for c in np.flatnonzero(np.bincount(head, minlength=len(by_code))) if lead else ():
+        hs = by_code[c]
+        best[c] = hs[0] if len(hs) == 1 else min(hs, key=lambda h: preference(h, node_id))
+    return PrefixHit(lead, best[head].tolist())
 
 
 def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
@@ -76,7 +115,7 @@ def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
     return [bytes(k) for k in keys]
 
 
-def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
+def shard_ids(keys: list[bytes], num_shards: int) -> np.ndarray | None:
     """``shard_of`` of every key, vectorized; None unless all keys have one length >= 12."""
     lengths = set(map(len, keys))
     if len(lengths) != 1:
@@ -92,7 +131,7 @@ def shard_ids(keys: list[bytes], num_shards: int) -> list[int] | None:
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
-    def __init__(self, keys: list[bytes], parts: list[tuple[list[int], ray.ObjectRef]]) -> None:
+    def __init__(self, keys: list[bytes], parts: list[tuple[np.ndarray, ray.ObjectRef]]) -> None:
         self.keys = keys
         self.parts = parts
         self.sent_at = time.monotonic()
@@ -105,18 +144,31 @@ class PendingLookup:
     def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """Holders of each key (empty list: nobody). Keys with the same holders
         share one list: treat the lists as read-only."""
-        answers = ray.get([ref for _, ref in self.parts], timeout=timeout)
+        return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
+
+    def _codes(self, replies: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
-            return _answers(*answers[0])  # one shard had every key, in order
-        out: list[list[HolderInfo]] = [_NOBODY] * len(self.keys)
-        for (positions, _), (slots, table) in zip(self.parts, answers):
-            for pos, holders in zip(positions, _answers(slots, table)):
-                out[pos] = holders
-        return out
+            return _holder_codes([(None, replies[0])], len(self.keys))  # one shard had every key, in order
+        return _holder_codes([(pos, r) for (pos, _), r in zip(self.parts, replies)], len(self.keys))
+
+    def decode(self, replies: Sequence[Any]) -> list[list[HolderInfo]]:
+        """Per key its holders, from the shards' replies (in ``parts`` order)."""
+        codes, by_code = self._codes(replies)
+        return by_code[codes].tolist()
+
+    def prefix(self, node_id: str | None, timeout: float | None = None) -> PrefixHit:
+        """The leading keys held anywhere, each with its preferred holder."""
+        codes, by_code = self._codes(ray.get([ref for _, ref in self.parts], timeout=timeout))
+        return prefix_from_codes(codes, by_code, node_id)
 
 
 class DirectoryClient:
-    """Talks to the ``num_shards`` directory shard actors of one namespace."""
+    """Talks to the ``num_shards`` directory shard actors of one namespace.
+
+    Keys cross to the shards as one blob of fingerprints per call
+    (``raykv.directory.fingerprint``), and answers come back as one blob of
+    holder-set ids: no per-key object is pickled either way.
+    """
 
     def __init__(self, shards: Sequence[Any]) -> None:
         if not shards:
@@ -127,27 +179,23 @@ class DirectoryClient:
     def num_shards(self) -> int:
         return len(self.shards)
 
-    def _split(self, keys: Sequence[bytes]) -> list[tuple[list[int], list[bytes]]]:
-        """Per shard: the positions of its keys in ``keys``, and those keys (as bytes)."""
+    def _split(self, keys: Sequence[bytes]) -> list[tuple[np.ndarray, bytes]]:
+        """Per shard: the positions of its keys in ``keys``, and their fingerprints' blob."""
         n = len(self.shards)
         keys = as_bytes(keys)
+        fps = fingerprints(keys)
         if n == 1:
-            return [(list(range(len(keys))), keys)]
+            return [(np.arange(len(keys)), to_blob(fps))]
         ids = shard_ids(keys, n) if len(keys) >= 64 else None
         if ids is None:  # few keys, or keys of different lengths
-            positions: list[list[int]] = [[] for _ in range(n)]
-            parts: list[list[bytes]] = [[] for _ in range(n)]
-            for i, key in enumerate(keys):
-                s = shard_of(key, n)
-                positions[s].append(i)
-                parts[s].append(key)
-            return list(zip(positions, parts))
+            ids = np.fromiter((shard_of(k, n) for k in keys), dtype=np.int64, count=len(keys))
+        ids = ids.astype(np.int64, copy=False)
         order = np.argsort(ids, kind="stable")
         bounds = np.cumsum(np.bincount(ids, minlength=n))
         out = []
         for s in range(n):
-            pos = order[(bounds[s - 1] if s else 0) : bounds[s]].tolist()
-            out.append((pos, list(map(keys.__getitem__, pos))))
+            pos = order[(bounds[s - 1] if s else 0) : bounds[s]]
+            out.append((pos, to_blob(fps[pos])))
         return out
 
     # -- holders ---------------------------------------------------------
@@ -161,24 +209,24 @@ class DirectoryClient:
     # -- keys --------------------------------------------------------------
     def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
-            self.shards[i].register.remote(holder_id, part)
-            for i, (_, part) in enumerate(self._split(keys))
-            if part
+            self.shards[i].register.remote(holder_id, blob)
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
-            self.shards[i].unregister.remote(holder_id, part)
-            for i, (_, part) in enumerate(self._split(keys))
-            if part
+            self.shards[i].unregister.remote(holder_id, blob)
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
 
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
         keys = as_bytes(keys)
         parts = [
-            (pos, self.shards[i].lookup.remote(part))
-            for i, (pos, part) in enumerate(self._split(keys))
-            if part
+            (pos, self.shards[i].lookup.remote(blob))
+            for i, (pos, blob) in enumerate(self._split(keys))
+            if len(pos)
         ]
         return PendingLookup(keys, parts)
 
@@ -191,7 +239,12 @@ class DirectoryClient:
     ) -> PrefixHit:
         """Leading keys held anywhere, each with its preferred holder:
         this node's plasma, then shared storage, then another node's plasma."""
-        return prefix_of(self.lookup(keys, timeout), node_id)
+        return self.lookup_async(keys).prefix(node_id, timeout)
+
+    def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
+        """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
+        parts = ray.get([s.holder_fingerprints.remote(holder_id) for s in self.shards], timeout=timeout)
+        return set(np.concatenate(parts).tolist()) if parts else set()
 
     def stats(self, timeout: float | None = 30.0) -> list[dict[str, Any]]:
         return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
@@ -204,18 +257,44 @@ class LookupCache:
     None; ``request`` queues the key; ``flush`` sends all queued keys as one
     batched lookup; ``poll`` absorbs finished lookups. An answer that does not
     come within ``max_wait_s`` counts as "nobody holds it" (a miss is safe).
+
+    Memory is bounded: at most ``max_entries`` answers are kept (least
+    recently used ones go first; a dropped answer costs a RETRY and one more
+    lookup, never a wrong answer), at most ``max_entries`` keys wait for the
+    next ``flush``, and in-flight keys leave when their lookup answers or
+    times out.
     """
 
-    def __init__(self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0) -> None:
+    def __init__(
+        self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0, max_entries: int = 131_072
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.client = client
         self.ttl_s = ttl_s
         self.max_wait_s = max_wait_s
+        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._answers: dict[bytes, tuple[float, list[HolderInfo]]] = {}
+        self._answers: OrderedDict[bytes, tuple[float, list[HolderInfo]]] = OrderedDict()
         self._queued: dict[bytes, None] = {}
         self._in_flight: dict[bytes, PendingLookup] = {}
         self._pending: list[PendingLookup] = []
         self.lookups_sent = 0
+        self.evicted = 0  # answers dropped to stay within max_entries
+
+    def __len__(self) -> int:
+        """Answers kept now (at most ``max_entries``)."""
+        return len(self._answers)
+
+    def sizes(self) -> dict[str, int]:
+        """Entries per structure: answers, queued keys, in-flight keys, pending lookups."""
+        with self._lock:
+            return {
+                "answers": len(self._answers),
+                "queued": len(self._queued),
+                "in_flight": len(self._in_flight),
+                "pending": len(self._pending),
+            }
 
     def get(self, key: bytes) -> list[HolderInfo] | None:
         with self._lock:
@@ -226,12 +305,15 @@ class LookupCache:
             if time.monotonic() - at > self.ttl_s:
                 del self._answers[key]
                 return None
+            self._answers.move_to_end(key)
             return holders
 
     def request(self, key: bytes) -> None:
         with self._lock:
             if key not in self._in_flight:
                 self._queued[key] = None
+                if len(self._queued) > self.max_entries:  # asked again on its next lookup
+                    del self._queued[next(iter(self._queued))]
 
     def has_pending(self) -> bool:
         with self._lock:
@@ -282,8 +364,53 @@ class LookupCache:
     def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
         now = time.monotonic()
         with self._lock:
+            cache = self._answers
+            if len(keys) >= self.max_entries:  # only the last ones can stay
+                cache.clear()
+                self.evicted += len(keys) - self.max_entries
+                keys, answers = keys[-self.max_entries :], answers[-self.max_entries :]
             for k, holders in zip(keys, answers):
-                self._answers[k] = (now, holders)
+                cache[k] = (now, holders)
+                cache.move_to_end(k)
+            over = len(cache) - self.max_entries
+            self.evicted += max(0, over)
+            for _ in range(over):
+                cache.popitem(last=False)
+
+    def resolve(self, keys: Sequence[bytes], timeout_s: float) -> bool:
+        """Look ``keys`` up now, in one batched call, and wait at most
+        ``timeout_s`` for the answer (a request's whole prefix at its first
+        lookup: its HITs and MISSes are then known in the step that asked).
+        True when answered in time; otherwise the answer lands later, as for
+        ``request`` + ``flush``."""
+        with self._lock:
+            unknown = [k for k in dict.fromkeys(keys) if k not in self._answers and k not in self._in_flight]
+        if not unknown:
+            return True
+        try:
+            pending = self.client.lookup_async(unknown)
+        except Exception as e:  # directory unreachable: answer "nobody"
+            logger.warning("directory lookup failed to send: %r", e)
+            self._answer(unknown, [[] for _ in unknown])
+            return True
+        refs = [ref for _, ref in pending.parts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        if len(ready) == len(refs):
+            try:
+                answers = pending.result(timeout=0)
+            except Exception as e:  # a shard died mid-lookup: treat as misses
+                logger.warning("directory lookup failed: %r", e)
+                answers = [[] for _ in unknown]
+            self._answer(unknown, answers)
+            with self._lock:
+                self.lookups_sent += 1
+            return True
+        with self._lock:  # not in time: ``poll`` absorbs it later
+            self.lookups_sent += 1
+            self._pending.append(pending)
+            for k in unknown:
+                self._in_flight[k] = pending
+        return False
 
     def wait(self, timeout: float = 10.0) -> None:
         """Flush and block until every queued key is answered (tools and tests)."""

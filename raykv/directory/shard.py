@@ -18,12 +18,17 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import ray
 
 from raykv import naming
+from raykv.directory.fingerprint import from_blob
+from raykv.directory.fptable import FingerprintTable
 from raykv.directory.holders import HolderInfo
+from raykv.directory.holdersets import HolderSets
 from raykv.metrics import publish_shard_metrics
 
 logger = logging.getLogger(__name__)
@@ -32,31 +37,62 @@ logger = logging.getLogger(__name__)
 REBUILD_TIMEOUT_S = 3.0
 
 
+#: What a shard's ``lookup`` answers: per key a holder-set id (uint32 blob),
+#: the slots of each set id used, and the holders of those slots.
+LookupReply = tuple[bytes, dict[int, tuple[int, ...]], dict[int, dict[str, Any]]]
+
+
+def distinct(fps: np.ndarray) -> np.ndarray:
+    """The distinct fingerprints of a batch (sorting: faster here than ``np.unique``'s hashing)."""
+    if len(fps) < 2:
+        return fps
+    fps = np.sort(fps)
+    keep = np.empty(len(fps), dtype=bool)
+    keep[0] = True
+    np.not_equal(fps[1:], fps[:-1], out=keep[1:])
+    return fps[keep]
+
+
 class DirectoryShardImpl:
-    """Plain-Python shard state (wrapped by the ``DirectoryShard`` actor)."""
+    """Plain-Python shard state (wrapped by the ``DirectoryShard`` actor).
+
+    Keys are 64-bit fingerprints (``raykv.directory.fingerprint``) in a
+    ``FingerprintTable``; each entry's value is an interned holder-set id
+    (``HolderSets``). Every call handles its batch with numpy; Python work per
+    call is per distinct holder set, not per key. Calls take keys as a blob of
+    fingerprints (``fingerprint.to_blob``) or, from holders' resync, as keys.
+    """
 
     def __init__(self, index: int, num_shards: int) -> None:
         self.index = index
         self.num_shards = num_shards
-        # key -> holder slot (int) or tuple of slots when several tiers hold it.
-        self._entries: dict[bytes, int | tuple[int, ...]] = {}
-        self._holder_keys: dict[int, set[bytes]] = {}
+        self._table = FingerprintTable()
+        self._sets = HolderSets()
         self._holders: dict[int, HolderInfo] = {}
         self._slot_of: dict[str, int] = {}
+        self._count: dict[int, int] = {}  # keys per holder slot
+        self._free_slots: list[int] = []
         self._next_slot = 0
+        self.num_keys = 0  # entries with at least one holder
         self.calls: Counter[str] = Counter()
         self.dropped: list[dict[str, Any]] = []
         self.invalidated: Counter[str] = Counter()  # keys dropped, by reason (metrics)
         self.looked_up = 0  # keys looked up (metrics)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key index (the arrays; holder tables are negligible)."""
+        return self._table.nbytes
+
     # -- holders ---------------------------------------------------------
     def add_holder(self, info: HolderInfo) -> int:
         slot = self._slot_of.get(info.holder_id)
         if slot is None:
-            slot = self._next_slot
-            self._next_slot += 1
+            slot = self._free_slots.pop() if self._free_slots else self._next_slot
+            if slot == self._next_slot:
+                self._next_slot += 1
             self._slot_of[info.holder_id] = slot
-            self._holder_keys[slot] = set()
+            self._count[slot] = 0
         self._holders[slot] = info
         return slot
 
@@ -64,93 +100,77 @@ class DirectoryShardImpl:
         slot = self._slot_of.pop(holder_id, None)
         if slot is None:
             return 0
-        keys = self._holder_keys.pop(slot, set())
+        n = self._count.pop(slot, 0)
         self._holders.pop(slot, None)
-        self.invalidated[reason or "removed"] += len(keys)
-        for key in keys:
-            self._remove(key, slot)
-        self.dropped.append({"holder_id": holder_id, "keys": len(keys), "reason": reason, "at": time.time()})
-        return len(keys)
+        if n:
+            values = self._table.values
+            hit = np.flatnonzero(np.isin(values, self._sets.containing(slot)))
+            new = self._sets.without_slot(values[hit], slot)
+            values[hit] = new
+            self.num_keys -= int(np.count_nonzero(new == 0))
+        self._free_slots.append(slot)  # no entry names it any more
+        self.invalidated[reason or "removed"] += n
+        self.dropped.append({"holder_id": holder_id, "keys": n, "reason": reason, "at": time.time()})
+        del self.dropped[:-100]
+        return n
 
     # -- keys ------------------------------------------------------------
-    def register(self, holder_id: str, keys: list[bytes]) -> int:
+    def register(self, holder_id: str, keys: bytes | Sequence[bytes]) -> int:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0  # holder unknown or already dropped: ignore late registrations
-        owned = self._holder_keys[slot]
-        entries = self._entries
-        fresh = set(keys)  # set algebra and map run per key in C
-        fresh -= owned
-        if not fresh:
-            return 0
-        owned |= fresh
-        current = list(map(entries.get, fresh))
-        if current.count(None) == len(current):  # the usual case: nobody held them
-            entries.update(dict.fromkeys(fresh, slot))
-            return len(fresh)
-        for key, cur in zip(fresh, current):
-            if cur is None:
-                entries[key] = slot
-            elif isinstance(cur, int):
-                entries[key] = (cur, slot)
-            else:
-                entries[key] = (*cur, slot)
-        return len(fresh)
+        fps = distinct(from_blob(keys))
+        table = self._table
+        table.reserve(len(fps))  # before ``find``: a rebuild moves slots
+        pos = table.upsert(fps)
+        cur = table.values[pos]
+        fresh = ~self._sets.has(cur, slot)
+        pos, cur = pos[fresh], cur[fresh]
+        table.values[pos] = self._sets.with_slot(cur, slot)
+        self.num_keys += int(np.count_nonzero(cur == 0))
+        self._count[slot] += len(pos)
+        return len(pos)
 
-    def unregister(self, holder_id: str, keys: list[bytes]) -> int:
+    def unregister(self, holder_id: str, keys: bytes | Sequence[bytes]) -> int:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0
-        owned = self._holder_keys[slot]
-        removed = 0
-        for key in keys:
-            if key in owned:
-                owned.discard(key)
-                self._remove(key, slot)
-                removed += 1
-        self.invalidated["evicted"] += removed
-        return removed
+        pos = self._table.find(distinct(from_blob(keys)))
+        pos = pos[pos >= 0]
+        cur = self._table.values[pos]
+        pos, cur = pos[self._sets.has(cur, slot)], cur[self._sets.has(cur, slot)]
+        new = self._sets.without_slot(cur, slot)
+        self._table.values[pos] = new
+        self.num_keys -= int(np.count_nonzero(new == 0))
+        self._count[slot] -= len(pos)
+        self.invalidated["evicted"] += len(pos)
+        return len(pos)
 
-    def _remove(self, key: bytes, slot: int) -> None:
-        cur = self._entries.get(key)
-        if cur is None:
-            return
-        if isinstance(cur, int):
-            if cur == slot:
-                del self._entries[key]
-            return
-        rest = tuple(s for s in cur if s != slot)
-        if not rest:
-            del self._entries[key]
-        else:
-            self._entries[key] = rest[0] if len(rest) == 1 else rest
+    def lookup(self, keys: bytes | Sequence[bytes]) -> LookupReply:
+        """Per key a holder-set id (0: nobody) as a uint32 blob, each id's slots,
+        and the slots' holders (``client.decode_reply`` turns it into holders)."""
+        fps = from_blob(keys)
+        self.looked_up += len(fps)
+        pos = self._table.find(fps)
+        ids = np.where(pos >= 0, self._table.values[pos], 0).astype("<u4")
+        sets = {int(i): tuple(sorted(self._sets.slots(i))) for i in self._sets.present(ids) if i}
+        used = set().union(*sets.values()) if sets else set()
+        return ids.tobytes(), sets, {s: self._holders[s].to_dict() for s in used}
 
-    def lookup(self, keys: list[bytes]) -> tuple[list[Any], dict[int, dict[str, Any]]]:
-        """Per key: None, a holder slot or a tuple of slots; plus the slots' holders."""
-        entries = self._entries
-        self.looked_up += len(keys)
-        out = list(map(entries.get, keys))  # per key in C
-        used: set[int] = set()
-        for v in set(out):  # distinct answers: a handful
-            if v is None:
-                continue
-            if isinstance(v, int):
-                used.add(v)
-            else:
-                used.update(v)
-        return out, {s: self._holders[s].to_dict() for s in used}
-
-    def holder_keys(self, holder_id: str) -> list[bytes]:
+    def holder_fingerprints(self, holder_id: str) -> np.ndarray:
+        """Fingerprints of every key ``holder_id`` holds here."""
         slot = self._slot_of.get(holder_id)
-        return list(self._holder_keys.get(slot, ())) if slot is not None else []
+        if slot is None:
+            return np.zeros(0, dtype=np.uint64)
+        table = self._table
+        return table.flat_fps[np.isin(table.values, self._sets.containing(slot))].copy()
 
     def stats(self) -> dict[str, Any]:
         return {
             "shard": self.index,
-            "keys": len(self._entries),
-            "holders": {
-                info.holder_id: len(self._holder_keys[s]) for s, info in self._holders.items()
-            },
+            "keys": self.num_keys,
+            "index_bytes": self.nbytes,
+            "holders": {info.holder_id: self._count[s] for s, info in self._holders.items()},
             "calls": dict(self.calls),
             "dropped": list(self.dropped[-20:]),
         }
@@ -174,7 +194,7 @@ class DirectoryShard:
 
     def __repr__(self) -> str:
         s = self._impl
-        return f"DirectoryShard({s.index}/{s.num_shards}, keys={len(s._entries)}, holders={len(s._holders)})"
+        return f"DirectoryShard({s.index}/{s.num_shards}, keys={s.num_keys}, holders={len(s._holders)})"
 
     async def _ready(self) -> None:
         if not self._rebuilt.done():
@@ -250,24 +270,25 @@ class DirectoryShard:
             task.cancel()
         return self._impl.drop_holder(holder_id, reason)
 
-    async def register(self, holder_id: str, keys: list[bytes]) -> int:
+    async def register(self, holder_id: str, keys: bytes | list[bytes]) -> int:
         await self._ready()
         self._impl.calls["register"] += 1
         return self._impl.register(holder_id, keys)
 
-    async def unregister(self, holder_id: str, keys: list[bytes]) -> int:
+    async def unregister(self, holder_id: str, keys: bytes | list[bytes]) -> int:
         await self._ready()
         self._impl.calls["unregister"] += 1
         return self._impl.unregister(holder_id, keys)
 
-    async def lookup(self, keys: list[bytes]) -> tuple[list[Any], dict[int, dict[str, Any]]]:
+    async def lookup(self, keys: bytes | list[bytes]) -> LookupReply:
         await self._ready()
         self._impl.calls["lookup"] += 1
         return self._impl.lookup(keys)
 
-    async def holder_keys(self, holder_id: str) -> list[bytes]:
+    async def holder_fingerprints(self, holder_id: str) -> np.ndarray:
+        """Fingerprints (``raykv.directory.fingerprint``) of ``holder_id``'s keys here."""
         await self._ready()
-        return self._impl.holder_keys(holder_id)
+        return self._impl.holder_fingerprints(holder_id)
 
     async def stats(self) -> dict[str, Any]:
         await self._ready()

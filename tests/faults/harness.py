@@ -217,9 +217,17 @@ def _alive(actor: Any, timeout: float = 5.0) -> bool:
         return False
 
 
-def directory_keys(services: Any, holder_id: str) -> set[bytes]:
-    shards = services.directory.shards
-    return set().union(*ray.get([s.holder_keys.remote(holder_id) for s in shards], timeout=30))
+def directory_keys(services: Any, holder_id: str) -> set[int]:
+    """What the directory lists for ``holder_id``: its keys' fingerprints (the
+    directory keeps fingerprints, not keys; compare with ``fingerprints_of``)."""
+    return services.directory.holder_fingerprints(holder_id)
+
+
+def fingerprints_of(keys: Any) -> set[int]:
+    """The directory's fingerprints of ``keys``."""
+    from raykv.directory.fingerprint import fingerprints
+
+    return set(fingerprints(list(keys)).tolist())
 
 
 def holdings(services: Any) -> dict[str, dict[str, Any]]:
@@ -255,10 +263,11 @@ def check_invariants(services: Any, block_bytes: int = BLOCK) -> list[str]:
             if in_dir or hid in listed:
                 problems.append(f"dead holder {hid} still in the directory ({len(in_dir)} keys)")
             continue
-        if in_dir != h["keys"]:
+        held_fps = fingerprints_of(h["keys"])
+        if in_dir != held_fps:
             problems.append(
                 f"{hid}: directory lists {len(in_dir)} keys, the actor holds {len(h['keys'])} "
-                f"({len(in_dir - h['keys'])} stale, {len(h['keys'] - in_dir)} unlisted)"
+                f"({len(in_dir - held_fps)} stale, {len(held_fps - in_dir)} unlisted)"
             )
         st = h["stats"]
         if h["info"]["tier_type"] == "object_store":

@@ -149,8 +149,8 @@ def test_node_loss_mid_workload(cluster):
     b_node = ray.get(eng_b.node_id.remote())
     b_holder = f"object_store:{b_node}"
     b_actor = ray.get_actor(naming.object_store_actor(b_node), namespace=NS)
-    b_keys = harness.directory_keys(services, b_holder)
-    assert len(b_keys) == 32
+    b_keys = ray.get(b_actor.keys.remote())
+    assert len(b_keys) == 32 and harness.directory_keys(services, b_holder) == harness.fingerprints_of(b_keys)
 
     eng_a = _engine({"head": 0.01}, None, keyspace=8, seed=1)
     work = eng_a.run.remote(8.0)  # loads pull B's blocks across nodes

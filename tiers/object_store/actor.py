@@ -475,17 +475,11 @@ class ObjectStoreActor(WatchableActor):
             logger.warning("directory lookup for a load failed: %r", e)
             return {}
         todo: dict[str, list[int]] = {}
-        # Each shard answers (per key: None, a holder slot or a tuple of slots; slot -> holder).
-        for (where, _), (slots, table) in zip(pending.parts, replies):
-            for w, v in zip(where, slots):
-                if v is None:
-                    continue
-                pos = positions[w]
-                for slot in (v,) if isinstance(v, int) else v:
-                    h = table[slot]
-                    if h["tier_type"] == TIER_TYPE and h["medium"] == PLASMA and h["actor_name"] not in tried[pos]:
-                        todo.setdefault(h["actor_name"], []).append(pos)
-                        break
+        for pos, holders in zip(positions, pending.decode(replies)):
+            for h in holders:
+                if h.tier_type == TIER_TYPE and h.medium == PLASMA and h.actor_name not in tried[pos]:
+                    todo.setdefault(h.actor_name, []).append(pos)
+                    break
         return todo
 
     async def _ask_peers(

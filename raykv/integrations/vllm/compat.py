@@ -88,3 +88,11 @@ def shared_region(region_cls: Any, *, num_chunks: int, kv_bytes_per_chunk: int, 
     if "num_chunks" in params:
         return region_cls(num_chunks=num_chunks, kv_bytes_per_chunk=kv_bytes_per_chunk, **kwargs)
     return region_cls(num_blocks=num_chunks, kv_bytes_per_block=kv_bytes_per_chunk, **kwargs)
+
+
+def request_key_positions(ctx: Any) -> dict | None:
+    """Every offload key vLLM recorded for a request, in prefix order (0.32+;
+    None on 0.29). vLLM offers no public accessor for the whole map, so this
+    is the one private field raykv reads; it is only a lookup hint."""
+    positions = getattr(ctx, "_offload_key_positions", None)
+    return positions if isinstance(positions, dict) else None

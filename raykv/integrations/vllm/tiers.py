@@ -82,10 +82,12 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
         return cached
     params = ctx.kv_transfer_params if isinstance(ctx.kv_transfer_params, dict) else None
     tenant = params.get("tenant") if params else None
+    positions = compat.request_key_positions(ctx)
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params or None,
         tenant=str(tenant) if tenant is not None else None,
+        prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
     )
     ctx.set_state(out)
     return out
