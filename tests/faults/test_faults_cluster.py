@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
 import raykv  # noqa: E402
+from raykv.identity import scoped_keys
 from raykv import naming  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(harness)
@@ -280,7 +281,7 @@ def test_engine_killed_during_store(cluster, delay_s):
     _assert_invariants(services)
     # whatever the directory lists loads back intact on another engine (never a partial block)
     keys = [k for i in range(1000, 1010) for k in harness.request_keys(i)]
-    listed = [k for k, hs in zip(keys, services.directory.lookup(keys)) if hs]
+    listed = [k for k, hs in zip(keys, services.directory.lookup(scoped_keys(keys))) if hs]
     reader = _engine({"head": 0.01}, root, seed=5, keyspace=1)
     rep = ray.get(reader.run.remote(0.5), timeout=60)
     harness.assert_clean(rep)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from raykv.identity import scoped_keys
 from raykv.client import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult
@@ -36,11 +37,11 @@ def test_tenant_salt_isolates_prefixes(raykv_services, tmp_path, tier_type):
         a = TierFactory.create_tier(cfg, a_reg.view, services=raykv_services)
         b = TierFactory.create_tier(cfg, b_reg.view, services=raykv_services)
         assert TierDriver(a).store(a_keys, list(range(8))).success
-        raykv_services.lookup_cache.invalidate(a_keys + b_keys)
+        raykv_services.lookup_cache.invalidate(scoped_keys(a_keys + b_keys))
         # tenant B, same prompt: nothing in the cluster (directory or tier) matches
         assert b.lookup_blocking(b_keys) == [LookupResult.MISS] * 8
-        assert raykv_services.directory.prefix_lookup(b_keys).num_keys == 0
-        assert raykv_services.directory.prefix_lookup(a_keys).num_keys == 8
+        assert raykv_services.directory.prefix_lookup(scoped_keys(b_keys)).num_keys == 0
+        assert raykv_services.directory.prefix_lookup(scoped_keys(a_keys)).num_keys == 8
         res = TierDriver(b).load(b_keys, list(range(8)))
         assert not res.success and not res.successful_keys and not b_reg.array.any()
         # tenant A again (same salt) hits: the test can tell a hit from a miss

@@ -16,6 +16,7 @@ import pytest
 import ray
 
 import raykv
+from raykv.identity import scoped_keys
 from raykv.client import TierDriver
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
@@ -70,7 +71,7 @@ def test_full_object_store_fails_the_store_cleanly(services_no_spill):
         full = driver.store(keys, list(range(8)), timeout=120)
         assert not full.success
         assert "object store is full" in (full.error or ""), full.error
-        assert services.directory.lookup(keys) == [[] for _ in keys], "a failed store registered keys"
+        assert services.directory.lookup(scoped_keys(keys)) == [[] for _ in keys], "a failed store registered keys"
         assert driver.lookup(keys[:1]) == [LookupResult.MISS]
         stats = tier.stats()
         assert stats["blocks"] == 0 and stats["bytes_used"] == 0, stats
