@@ -109,7 +109,10 @@ class DirectoryBackedTier(SecondaryTier):
     def job_slots(job: TransferJob) -> tuple[list[bytes], list[int]]:
         """A submitted job's validated keys and chunk ids (``ValueError`` when malformed)."""
         keys = [validate_key(k) for k in job.keys]
-        chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
+        ids = np.asarray(job.chunk_ids)
+        if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
+            raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
+        chunks = [int(c) for c in ids.reshape(-1)]
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
         return keys, chunks

@@ -46,6 +46,7 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
 from raykv import contract  # noqa: E402
 from raykv.cluster import ensure_ray  # noqa: E402
 from raykv.factory import TierFactory  # noqa: E402
+from raykv.validate import request_params, request_tenant_value  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +68,11 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
         cached = state.get(contract.ReqContext)
         if cached is not None:
             return cached
-    params = ctx.kv_transfer_params or None
-    tenant = params.get("tenant") if isinstance(params, dict) else None
+    params = request_params(ctx.kv_transfer_params)  # a mapping or None, whatever the request sent
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params,
-        tenant=str(tenant) if tenant is not None else None,
+        tenant=request_tenant_value(params.get("tenant")) if params else None,
     )
     if state is not None:
         state[contract.ReqContext] = out
