@@ -50,8 +50,17 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def join(where: str, name: str) -> str:
-    """``where.name`` (or ``name`` at the top level)."""
+def key_name(key: Any) -> str:
+    """How a mapping key appears in a field path: as is when it is a plain
+    name (letters, digits, '_', '-'), else quoted (``''``, ``'a.b'``, ``1``)."""
+    if isinstance(key, str) and key and all(c.isalnum() or c in "_-" for c in key) and key.isascii():
+        return key
+    return repr(key)
+
+
+def join(where: str, name: Any) -> str:
+    """``where.name`` (or ``name`` at the top level), ``name`` as ``key_name`` shows it."""
+    name = key_name(name)
     return f"{where}.{name}" if where else name
 
 
@@ -63,10 +72,7 @@ def as_mapping(raw: Any, where: str, *, what: str = "a mapping") -> dict[str, An
         raise ConfigError(where or TOP, f"must be {what}, got {type_name(raw)} {_short(raw)}")
     bad = [k for k in raw if not isinstance(k, str)]
     if bad:
-        raise ConfigError(
-            join(where, repr(bad[0])) if where else repr(bad[0]),
-            f"keys must be strings, got {type_name(bad[0])} {bad[0]!r}",
-        )
+        raise ConfigError(join(where, bad[0]), f"keys must be strings, got {type_name(bad[0])} {bad[0]!r}")
     return dict(raw)
 
 

@@ -8,6 +8,8 @@ import dataclasses
 import itertools
 import os
 import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -465,3 +467,153 @@ def test_api_arguments_are_named_not_coerced(raykv_services):
             assert tier.lookup_blocking(good) == [LookupResult.MISS] * 2
         finally:
             tier.shutdown()
+
+
+# -- files, through the CLI: exit code 2 and one line, never a traceback -------------------
+BAD_FILES = {  # file name -> (content, what the message must say)
+    "list.yaml": ("- namespace: x\n- tiers: []\n", "top level"),
+    "scalar.yaml": ("42\n", "top level"),
+    "string.json": ('"raykv"', "top level"),
+    "syntax.yaml": ("namespace: [raykv\ntiers: {\n", "invalid YAML at line"),
+    "tabs.yaml": ("namespace: raykv\n\ttiers: []\n", "invalid YAML"),
+    "syntax.json": ('{"namespace": "raykv",}', "invalid JSON at line 1"),
+    "nan.json": ('{"lookup_ttl_s": NaN}', "NaN"),
+    "duplicate-key.yaml": ("namespace: a\nnamespace: b\n", "appears twice"),
+    "duplicate-key.json": ('{"namespace": "a", "namespace": "b"}', "appears twice"),
+    "binary.yaml": (b"\xff\xfe\x00\x01", "not UTF-8"),
+    "mixed-keys.yaml": ("rules:\n  - {tier: '*', match: {kv_transfer_params: {1: a, b: 2}}}\n", "keys must be strings"),
+    "nan.yaml": ("lookup_ttl_s: .nan\n", "lookup_ttl_s: must be a finite number"),
+    "inf.yaml": ("tiers:\n  - {type: object_store, job_timeout_s: .inf}\n", "tiers[0].job_timeout_s"),
+    "unknown-tier.yaml": ("tiers:\n  - {type: redis}\n", "tiers[0].type: unknown tier type 'redis'"),
+    "same-root.yaml": ("tiers:\n  - {type: fs, root: /mnt/kv}\n  - {type: fs, root: /mnt/kv/}\n", "duplicate of tiers[0]"),
+    "rule-tier.yaml": ("tiers:\n  - {type: object_store}\nrules:\n  - {tier: fs}\n", "rules[0].tier"),
+    "namespace.yaml": ("namespace: a\ntiers:\n  - {type: object_store, namespace: b}\n", "tiers[0].namespace"),
+    "key-unhashable.yaml": ("? [a, b]\n: 1\n", "key must be a scalar"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad-configs")
+    for name, (content, _) in BAD_FILES.items():
+        (d / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    (d / "a-directory.yaml").mkdir()
+    return d
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from raykv.cli import main
+
+    capsys.readouterr()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.err
+
+
+@pytest.mark.parametrize("command", ["vllm-config", "start"])
+def test_cli_on_malformed_files(bad_files, capsys, command):
+    cases = {**{n: m for n, (_, m) in BAD_FILES.items()}, "a-directory.yaml": "is a directory", "missing.yaml": "no such file"}
+    for name, expected in cases.items():
+        rc, err = _cli(capsys, command, "--config", str(bad_files / name), *(["--address", "ray://nowhere:1"] if command == "start" else []))
+        lines = err.strip().splitlines()
+        assert rc == 2, (name, rc, err)
+        assert len(lines) == 1 and lines[0].startswith("raykv: error: "), (name, err)
+        assert expected in lines[0], (name, lines[0])
+        assert "Traceback" not in err
+    rc, err = _cli(capsys, command, "--config", str(bad_files / "nan.yaml"), "--namespace", "bad namespace!")
+    assert rc == 2 and err.count("\n") == 1 and "namespace" in err, err
+
+
+def test_cli_process_exit_code_and_one_line(bad_files):
+    """The real command in its own process (what a shell sees)."""
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+    env.pop("RAYKV_DEBUG", None)
+    for argv in (
+        ["vllm-config", "--config", str(bad_files / "syntax.yaml")],
+        ["start", "--config", str(bad_files / "list.yaml")],
+        ["status", "--namespace", "no/such ns", "--address", "127.0.0.1:1"],
+    ):
+        p = subprocess.run([sys.executable, "-m", "raykv.cli", *argv], capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 2, (argv, p.returncode, p.stderr)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("raykv: error: ") and "Traceback" not in p.stderr, (argv, p.stderr)
+
+
+# -- constructors that fail: a readable repr, and no restart loop --------------------------
+def _actor_classes() -> dict[str, type]:
+    """Every raykv actor class (the Python class under each ``@ray.remote``), plus the
+    vLLM engine replica (made an actor at run time)."""
+    import importlib
+    import pkgutil
+
+    import raykv
+    import tiers
+    from raykv.integrations.vllm.replica import EngineReplica
+
+    found: dict[str, type] = {"EngineReplica": EngineReplica}
+    for pkg in (raykv, tiers):
+        for mod in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+            if ".bench" in mod.name or mod.name.endswith((".tiers", ".spec", ".cpu_worker")):
+                continue  # benchmarks' local actors; modules that import vLLM at import time
+            module = importlib.import_module(mod.name)
+            for value in vars(module).values():
+                cls = getattr(value, "__ray_actor_class__", None)
+                if isinstance(cls, type) and cls.__module__ == module.__name__:
+                    found[cls.__name__] = cls
+    return found
+
+
+def _failing_inits(tmp_path) -> dict[str, tuple]:
+    """Arguments that make each actor class's ``__init__`` raise (outside Ray)."""
+    return {
+        "ControlActor": ({"directory_shards": 2, "rules": [{"tier": 5}]},),
+        "DirectoryShard": (0, 2, "raykv-test"),  # no running event loop here
+        "FsRootActor": (str(tmp_path / "no-such-parent" / "root"), 0, "raykv-test"),
+        "ObjectStoreActor": ("node-x", "raykv-test", {}),
+        "EngineReplica": ("", None, {}),
+    }
+
+
+def test_every_actor_repr_works_on_a_half_built_instance(tmp_path):
+    classes = _actor_classes()
+    inits = _failing_inits(tmp_path)
+    assert set(classes) == set(inits), f"new actor class? give it failing init args: {set(classes) ^ set(inits)}"
+    for name, cls in classes.items():
+        bare = cls.__new__(cls)  # __init__ raised on its first line
+        assert isinstance(repr(bare), str) and repr(bare)
+        obj = cls.__new__(cls)
+        with pytest.raises(Exception):
+            cls.__init__(obj, *inits[name])
+        text = repr(obj)
+        assert text and "\n" not in text, (name, text)
+        print(f"{name}: {repr(bare)} / {text}")
+    assert repr(classes["FsRootActor"].__new__(classes["FsRootActor"])).startswith("FsRoot(")
+
+
+def test_uncreatable_fs_root_fails_once_and_is_not_restarted(raykv_services, tmp_path):
+    """The root's parent does not exist: one clear error, and the root actor stays
+    dead (it used to crash-loop under max_restarts=-1, its repr raising)."""
+    from raykv import naming
+    from raykv.errors import RaykvError
+
+    root = str(tmp_path / "not-mounted" / "kv")
+    t0 = time.monotonic()
+    with PrimaryRegion(2, BLOCK) as region:
+        with pytest.raises(RaykvError) as e:
+            TierFactory.create_tier({"type": "fs", "root": root}, region.view, services=raykv_services)
+    msg = str(e.value)
+    assert "\n" not in msg and "does not exist" in msg and "not-mounted" in msg, msg
+    name = naming.fs_actor(root)
+
+    def mine() -> list[dict]:
+        return [a for a in ray._private.state.actors().values() if a.get("Name") == name]
+
+    while True:
+        actors = mine()
+        assert len(actors) == 1, actors  # never re-created
+        assert actors[0]["State"] == "DEAD" and actors[0]["NumRestarts"] == 0, actors[0]
+        if time.monotonic() - t0 > 60:
+            break
+        time.sleep(10)
