@@ -4,26 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from raykv.config import ConfigError
-from raykv.errors import RaykvError
+from raykv.config_file import load_config_file
+from raykv.errors import RaykvError, root_cause
+
+#: Set to show the traceback of an unexpected error (raykv's own bug, or Ray's).
+DEBUG_ENV = "RAYKV_DEBUG"
 
 
 def _load_config(path: str | None, namespace: str | None) -> dict[str, Any]:
-    raw: dict[str, Any] = {}
-    if path:
-        with open(path) as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            raw = yaml.safe_load(text) or {}
-        else:
-            raw = json.loads(text)
-    if namespace:
+    raw: dict[str, Any] = load_config_file(path) if path is not None else {}
+    if namespace is not None:
         raw["namespace"] = namespace
     return raw
 
@@ -185,13 +181,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Bad input: one line on stderr, exit code 2 (as argparse's
+    own errors); an unexpected error: one line, exit code 1 (its traceback with
+    ``RAYKV_DEBUG=1``). Never a bare traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (ConfigError, RaykvError) as e:
-        print(f"raykv: error: {e}", file=sys.stderr)
+        print(f"raykv: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("raykv: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(
+            f"raykv: error: {_one_line(root_cause(e))} (unexpected; rerun with {DEBUG_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

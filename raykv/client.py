@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from raykv.contract import JobResult, LookupResult, ReqContext, SecondaryTier, TransferJob
-from raykv.keys import OffloadKey
+from raykv.keys import OffloadKey, validate_keys
+from raykv.validate import ArgumentError, int_sequence_arg, timeout_arg
 
 _job_ids = itertools.count(1_000_000)
 
@@ -39,23 +40,35 @@ class TierDriver:
             time.sleep(0.0005)
 
     def _job(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], promotion: bool) -> TransferJob:
-        if len(keys) != len(chunk_ids):
-            raise ValueError(f"{len(keys)} keys but {len(chunk_ids)} chunk ids")
-        return TransferJob(next(_job_ids), list(keys), np.asarray(chunk_ids, dtype=np.int64), promotion, self.req)
+        """A job for ``keys`` -> primary slots ``chunk_ids`` (ints in range; never coerced)."""
+        keys = validate_keys(keys)
+        chunks = int_sequence_arg("chunk_ids", chunk_ids, minimum=0)
+        if len(keys) != len(chunks):
+            raise ArgumentError("chunk_ids", f"{len(keys)} keys but {len(chunks)} chunk ids")
+        num_chunks = getattr(self.tier, "num_chunks", None)
+        for i, c in enumerate(chunks):
+            if num_chunks is not None and c >= num_chunks:
+                raise ArgumentError(f"chunk_ids[{i}]", f"must be < {num_chunks} (the primary's chunks), got {c}")
+        return TransferJob(next(_job_ids), keys, np.asarray(chunks, dtype=np.int64), promotion, self.req)
 
     def store(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
+        """Store ``keys`` from primary slots ``chunk_ids``; wait for the result."""
+        timeout = timeout_arg("timeout", timeout, allow_none=False)
         job = self._job(keys, chunk_ids, False)
         self.tier.submit_store(job)
         return self._wait(job.job_id, timeout)
 
     def load(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
+        """Load ``keys`` into primary slots ``chunk_ids``; wait for the result."""
+        timeout = timeout_arg("timeout", timeout, allow_none=False)
         job = self._job(keys, chunk_ids, True)
         self.tier.submit_load(job)
         return self._wait(job.job_id, timeout)
 
     def lookup(self, keys: Sequence[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
         """Resolve each key, stepping the tier until no answer is RETRY."""
-        deadline = time.monotonic() + timeout
+        keys = validate_keys(keys)
+        deadline = time.monotonic() + timeout_arg("timeout", timeout, allow_none=False)
         while True:
             results = [self.tier.lookup(k, self.req) for k in keys]
             if LookupResult.RETRY not in results or time.monotonic() > deadline:

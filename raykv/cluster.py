@@ -15,6 +15,7 @@ from raykv.directory.client import DirectoryClient, LookupCache, PolicyCache
 from raykv.directory.control import ControlActor
 from raykv.directory.shard import DirectoryShard
 from raykv.errors import RaykvError
+from raykv.validate import ArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ def ensure_ray(address: str | None = None) -> None:
     """Connect to a running Ray cluster unless this process already is connected."""
     if ray.is_initialized():
         return
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ArgumentError("address", f"must be a Ray address such as 'auto' or 'host:6379', got {address!r}")
     target = address or "auto"
     try:
         ray.init(address=target, log_to_driver=False)
@@ -34,6 +37,14 @@ def ensure_ray(address: str | None = None) -> None:
             f"no Ray cluster reachable at address={target!r}: start one with "
             "`ray start --head` (or `ray up`), or pass the cluster's address"
         ) from e
+
+
+def _namespace_problem(namespace: Any) -> str | None:
+    from raykv.config import _check_namespace
+
+    if not isinstance(namespace, str):
+        return f"must be str, got {type(namespace).__name__}"
+    return _check_namespace(namespace)
 
 
 def _session_key(namespace: str) -> tuple[str, str]:
@@ -79,10 +90,20 @@ class RaykvServices:
         return ray.get_runtime_context().get_node_id()
 
     def add_rule(self, rule: dict[str, Any]) -> int:
-        """Register a policy rule at the directory; returns the rules version."""
-        return ray.get(self.control.add_rule.remote(rule))
+        """Register a policy rule at the directory; returns the rules version.
+
+        Validated here first (``ConfigError`` naming the field): its ``tier``
+        must be ``'*'``, a known tier type, or a type in the running config.
+        """
+        from raykv.policy import PolicyRule, check_rule_tier
+
+        parsed = PolicyRule.from_dict(rule, "rule")
+        check_rule_tier(parsed.tier, "rule.tier", also=[t.get("type") for t in self.config.tiers])
+        return ray.get(self.control.add_rule.remote(dict(rule)))
 
     def remove_rule(self, name: str) -> int:
+        if not isinstance(name, str):
+            raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
         return ray.get(self.control.remove_rule.remote(name))
 
     def holders(self) -> list[dict[str, Any]]:
@@ -172,9 +193,12 @@ def invalidate_identities(
 def start(
     config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None
 ) -> RaykvServices:
-    """Start raykv's services (or reuse running ones) and the configured tiers."""
-    if not isinstance(config, RaykvConfig):
-        config = RaykvConfig.from_dict(config)
+    """Start raykv's services (or reuse running ones) and the configured tiers.
+
+    ``config`` (a dict or a ``RaykvConfig``) is validated first: a bad one
+    raises ``ConfigError`` naming the field before anything starts.
+    """
+    config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     ensure_ray(address)
     ns = config.namespace
     control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config.to_dict())
@@ -209,6 +233,9 @@ def attach(
     With ``start_if_missing`` a default raykv is started when none runs (what
     engine replicas do); otherwise a missing raykv is an error.
     """
+    problem = _namespace_problem(namespace)
+    if problem:
+        raise ArgumentError("namespace", problem)
     ensure_ray(address)
     key = _session_key(namespace)
     with _lock:

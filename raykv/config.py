@@ -7,13 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from raykv.validate import ConfigError, as_mapping, check_number, is_int, join, type_name
 
-class ConfigError(ValueError):
-    """A configuration value is missing, unknown or out of range."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        self.field = field_name
-        super().__init__(f"{field_name}: {message}")
+__all__ = ["ConfigError", "RaykvConfig", "describe_options", "opt", "parse_options"]
 
 
 _REQUIRED = object()
@@ -24,12 +20,21 @@ def opt(
     *,
     kind: type | tuple[type, ...],
     min: float | None = None,
+    max: float | None = None,
+    warn_above: float | None = None,
     choices: Sequence[Any] | None = None,
     check: Callable[[Any], str | None] | None = None,
     doc: str = "",
 ) -> Any:
-    """Declare a validated option on a config dataclass."""
-    meta = {"kind": kind, "min": min, "choices": choices, "check": check, "doc": doc}
+    """Declare a validated option on a config dataclass.
+
+    Numbers are checked against ``min``/``max`` (NaN and infinity never pass);
+    above ``warn_above`` a value is legal but logs one warning.
+    """
+    meta = {
+        "kind": kind, "min": min, "max": max, "warn_above": warn_above,
+        "choices": choices, "check": check, "doc": doc,
+    }
     if default is _REQUIRED:
         return field(default=None, metadata={**meta, "required": True})
     if isinstance(default, (list, dict)):
@@ -45,14 +50,17 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
 def _check_value(name: str, value: Any, meta: Mapping[str, Any]) -> Any:
     kind = meta["kind"]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        if bool not in kinds:
+            raise ConfigError(name, f"must be {_kind_name(kind)}, got bool {value!r}")
+    elif float in kinds and is_int(value):
         value = float(value)
-    if isinstance(value, bool) and bool not in kinds:
-        raise ConfigError(name, f"must be {_kind_name(kind)}, got bool {value!r}")
+    elif int in kinds and is_int(value):
+        value = int(value)
     if not isinstance(value, kinds):
-        raise ConfigError(name, f"must be {_kind_name(kind)}, got {type(value).__name__} {value!r}")
-    if meta.get("min") is not None and value < meta["min"]:
-        raise ConfigError(name, f"must be >= {meta['min']}, got {value!r}")
+        raise ConfigError(name, f"must be {_kind_name(kind)}, got {type_name(value)} {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        check_number(name, value, minimum=meta.get("min"), maximum=meta.get("max"), warn_above=meta.get("warn_above"))
     if meta.get("choices") is not None and value not in meta["choices"]:
         allowed = ", ".join(repr(c) for c in meta["choices"])
         raise ConfigError(name, f"must be one of {allowed}; got {value!r}")
@@ -68,18 +76,15 @@ def parse_options(schema: type, raw: Mapping[str, Any] | None, where: str) -> An
 
     ``where`` prefixes field names in errors (e.g. ``secondary_tiers[1]``).
     """
-    raw = dict(raw or {})
+    raw = as_mapping(raw, where)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "(none)"
-        raise ConfigError(
-            f"{where}.{unknown[0]}" if where else unknown[0],
-            f"unknown key; allowed keys: {allowed}",
-        )
+        raise ConfigError(join(where, unknown[0]), f"unknown key; allowed keys: {allowed}")
     values = {}
     for name, f in fields.items():
-        full = f"{where}.{name}" if where else name
+        full = join(where, name)
         if name not in raw:
             if f.metadata.get("required"):
                 raise ConfigError(full, f"required ({_kind_name(f.metadata['kind'])})")
@@ -110,12 +115,14 @@ class RaykvConfig:
     """Cluster-wide raykv settings (what `raykv start` and `raykv.attach` use)."""
 
     namespace: str = opt("raykv", kind=str, check=_check_namespace, doc="Ray namespace of the raykv actors")
-    directory_shards: int = opt(2, kind=int, min=1, doc="number of directory shard actors")
+    directory_shards: int = opt(
+        2, kind=int, min=1, max=1024, warn_above=64, doc="number of directory shard actors"
+    )
     policy_refresh_s: float = opt(
-        5.0, kind=float, min=0.05, doc="long-poll period of engine-side policy caches"
+        5.0, kind=float, min=0.05, max=3600.0, doc="long-poll period of engine-side policy caches"
     )
     lookup_ttl_s: float = opt(
-        2.0, kind=float, min=0.0, doc="how long an engine trusts a directory answer"
+        2.0, kind=float, min=0.0, max=3600.0, warn_above=60.0, doc="how long an engine trusts a directory answer"
     )
     # Off by default: DESIGN.md's rule is that the scheduler thread never
     # waits on I/O; the trade (up to this long per new request, for one fewer
@@ -140,14 +147,42 @@ class RaykvConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "RaykvConfig":
+        """Validate ``raw`` (fields, each tier and rule, and how they fit together)."""
         cfg = parse_options(cls, raw, "")
-        from raykv.factory import validate_tier_config
-        from raykv.policy import PolicyRule
+        from raykv.factory import tier_instance_key, validate_tier_config
+        from raykv.policy import PolicyRule, check_rule_tier
 
+        seen: dict[Any, int] = {}
         for i, tier in enumerate(cfg.tiers):
-            validate_tier_config(tier, f"tiers[{i}]")
-        for i, rule in enumerate(cfg.rules):
-            PolicyRule.from_dict(rule, f"rules[{i}]")
+            where = f"tiers[{i}]"
+            validate_tier_config(tier, where)
+            ns = tier.get("namespace")
+            if ns is not None and ns != cfg.namespace:
+                raise ConfigError(
+                    f"{where}.namespace",
+                    f"{ns!r} differs from the config's namespace {cfg.namespace!r}; "
+                    "leave it out (tiers use the config's namespace)",
+                )
+            key = tier_instance_key(tier, where)
+            if key in seen:
+                raise ConfigError(
+                    where,
+                    f"duplicate of tiers[{seen[key]}] (same {key[0]} tier"
+                    + (f" {key[1]!r}" if key[1] else "")
+                    + "); list each tier once",
+                )
+            seen[key] = i
+        types = [t["type"] for t in cfg.tiers]
+        names: dict[str, int] = {}
+        for i, raw_rule in enumerate(cfg.rules):
+            rule = PolicyRule.from_dict(raw_rule, f"rules[{i}]")
+            check_rule_tier(rule.tier, f"rules[{i}].tier", types or None)
+            if rule.name:
+                if rule.name in names:
+                    raise ConfigError(
+                        f"rules[{i}].name", f"{rule.name!r} is already the name of rules[{names[rule.name]}]"
+                    )
+                names[rule.name] = i
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

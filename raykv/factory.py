@@ -10,6 +10,7 @@ from typing import Any
 from raykv.config import ConfigError, parse_options
 from raykv.contract import SecondaryTier
 from raykv.identity import KVIdentity
+from raykv.validate import as_mapping
 
 # Keys every tier config may carry besides its own options.
 COMMON_KEYS = ("type", "module_path", "identity")
@@ -37,8 +38,7 @@ class TierFactory:
 
     @classmethod
     def get_tier_class(cls, config: Mapping[str, Any], where: str = "tier") -> type[SecondaryTier]:
-        if not isinstance(config, Mapping):
-            raise ConfigError(where, f"must be a mapping with a 'type' key, got {type(config).__name__}")
+        config = as_mapping(config, where, what="a mapping with a 'type' key")
         tier_type = config.get("type")
         if not isinstance(tier_type, str) or not tier_type:
             raise ConfigError(f"{where}.type", f"required; known types: {', '.join(cls.known_types())}")
@@ -81,6 +81,16 @@ class TierFactory:
 def validate_tier_config(config: Mapping[str, Any], where: str = "tier") -> Any:
     """Raise ``ConfigError`` if ``config`` is not a valid tier config."""
     return TierFactory.parse(config, where)[1]
+
+
+def tier_instance_key(config: Mapping[str, Any], where: str = "tier") -> tuple[str, Any]:
+    """What makes two tier configs the same tier: its type, plus what the
+    tier class's ``instance_key(options)`` says (the fs tier: its canonical
+    root, so two spellings of one root are one tier). Without one, a type is
+    one tier per config."""
+    tier_cls, options = TierFactory.parse(config, where)
+    key_of = getattr(tier_cls, "instance_key", None)
+    return config["type"], (key_of(options) if key_of is not None else config.get("module_path"))
 
 
 def _import_tier_class(module_path: str, class_name: str, field: str) -> type[SecondaryTier]:

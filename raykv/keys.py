@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from typing import NewType
+from typing import Any, NewType
+
+from raykv.validate import ArgumentError, int_arg, sequence_arg
 
 OffloadKey = NewType("OffloadKey", bytes)
 
@@ -22,9 +24,20 @@ MAX_KEY_BYTES = 256
 ROOT_HASH = hashlib.sha256(b"raykv-root").digest()
 
 
+MAX_GROUP_IDX = 2 ** (8 * GROUP_IDX_BYTES) - 1
+
+
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
     """Join a block hash and a KV-cache group index into an offload key."""
-    return OffloadKey(bytes(block_hash) + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
+    if not isinstance(block_hash, (bytes, bytearray, memoryview)):
+        raise ArgumentError("block_hash", f"must be bytes, got {type(block_hash).__name__}")
+    block_hash = bytes(block_hash)
+    if not 1 <= len(block_hash) <= MAX_KEY_BYTES - GROUP_IDX_BYTES:
+        raise ArgumentError(
+            "block_hash", f"must be 1..{MAX_KEY_BYTES - GROUP_IDX_BYTES} bytes, got {len(block_hash)}"
+        )
+    group_idx = int_arg("group_idx", group_idx, minimum=0, maximum=MAX_GROUP_IDX)
+    return OffloadKey(block_hash + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
 
 
 def key_block_hash(key: bytes) -> bytes:
@@ -35,6 +48,23 @@ def key_block_hash(key: bytes) -> bytes:
 def key_group_idx(key: bytes) -> int:
     """The group-index part of an offload key."""
     return int.from_bytes(key[-GROUP_IDX_BYTES:], "big")
+
+
+def validate_keys(keys: Any, name: str = "keys") -> list[bytes]:
+    """``keys`` (a sequence of offload keys) as bytes; ``ArgumentError`` naming
+    the argument and the first bad key (a str, bytes or ints is not a key list)."""
+    keys = sequence_arg(name, keys)
+    if set(map(type, keys)) <= {bytes}:  # the common case, without a call per key
+        lengths = set(map(len, keys))
+        if not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES):
+            return list(keys)
+    out = []
+    for i, key in enumerate(keys):
+        try:
+            out.append(validate_key(key))
+        except ValueError as e:
+            raise ArgumentError(f"{name}[{i}]", str(e)) from None
+    return out
 
 
 def validate_key(key: object) -> bytes:
@@ -86,8 +116,11 @@ def prefix_keys(
     ``salt`` (vLLM's ``cache_salt``) is mixed into the first block only; since
     hashes are chained, every later key differs too, so tenants never share KV.
     """
-    if block_size <= 0:
-        raise ValueError(f"block_size must be > 0, got {block_size}")
+    block_size = int_arg("block_size", block_size, minimum=1)
+    group_idx = int_arg("group_idx", group_idx, minimum=0, maximum=MAX_GROUP_IDX)
+    if salt is not None and not isinstance(salt, str):
+        raise ArgumentError("salt", f"must be a str or None, got {type(salt).__name__}")
+    token_ids = _token_ids(token_ids)
     keys: list[OffloadKey] = []
     parent: bytes | None = None
     for i in range(len(token_ids) // block_size):
@@ -95,6 +128,24 @@ def prefix_keys(
         parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
         keys.append(make_offload_key(parent, group_idx))
     return keys
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _token_ids(token_ids: Any) -> Sequence[int]:
+    """Token ids as given when they are a valid int sequence (ints in int64)."""
+    items = sequence_arg("token_ids", token_ids)
+    dtype = getattr(items, "dtype", None)
+    if dtype is not None:
+        if dtype.kind not in "iu":
+            raise ArgumentError("token_ids", f"must hold ints, got an array of {dtype}")
+        return [int(t) for t in items]
+    if all(type(t) is int for t in items) and (not items or _INT64[0] <= min(items) and max(items) <= _INT64[1]):
+        return items  # the common case, checked without a call per token
+    for i, t in enumerate(items):
+        int_arg(f"token_ids[{i}]", t, minimum=_INT64[0], maximum=_INT64[1])
+    return items
 
 
 #: Bytes of a key that pick its directory shard: the block hash's last 8 bytes

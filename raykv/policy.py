@@ -7,17 +7,22 @@ the network.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from raykv.config import ConfigError, opt, parse_options
 from raykv.contract import OffloadPolicy, ReqContext, RequestOffloadingContext
+from raykv.validate import as_mapping, json_value, request_params, request_tenant_value
+
+
+def _tier_problem(value: str) -> str | None:
+    return None if value.strip() else "must name a tier type ('fs', 'object_store', ...) or '*'"
 
 
 @dataclass
 class _RuleSchema:
-    tier: str = opt(kind=str, doc="tier type the rule is for ('fs', 'object_store', '*')")
+    tier: str = opt(kind=str, check=_tier_problem, doc="tier type the rule is for ('fs', 'object_store', '*')")
     policy: str = opt("request_level", kind=str, check=lambda v: _policy_problem(v))
     match: dict = opt({}, kind=dict, doc="{'tenant': ...} and/or {'kv_transfer_params': {...}}")
     name: str = opt("", kind=str)
@@ -52,17 +57,17 @@ class PolicyRule:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "rule") -> "PolicyRule":
         s = parse_options(_RuleSchema, raw, where)
-        unknown = sorted(set(s.match) - set(_MATCH_KEYS))
+        match = as_mapping(s.match, f"{where}.match")
+        unknown = sorted(set(match) - set(_MATCH_KEYS))
         if unknown:
             raise ConfigError(
                 f"{where}.match.{unknown[0]}", f"unknown key; allowed keys: {', '.join(_MATCH_KEYS)}"
             )
-        tenant = s.match.get("tenant")
-        if tenant is not None and not isinstance(tenant, str):
-            raise ConfigError(f"{where}.match.tenant", "must be str")
-        params = s.match.get("kv_transfer_params", {})
-        if not isinstance(params, Mapping):
-            raise ConfigError(f"{where}.match.kv_transfer_params", "must be a mapping")
+        tenant = match.get("tenant")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise ConfigError(f"{where}.match.tenant", f"must be a non-empty str, got {tenant!r}")
+        params = as_mapping(match.get("kv_transfer_params"), f"{where}.match.kv_transfer_params")
+        json_value(f"{where}.match.kv_transfer_params", params)
         return cls(
             tier=s.tier,
             policy=OffloadPolicy.parse(s.policy),
@@ -84,17 +89,47 @@ class PolicyRule:
             return False
         if self.tenant is not None and request_tenant(req) != self.tenant:
             return False
-        params = req.kv_transfer_params or {}
-        return all(k in params and params[k] == v for k, v in self.params)
+        params = request_params(req.kv_transfer_params) or {}
+        return all(k in params and _equal(params[k], v) for k, v in self.params)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b`` for request values, which may be of any type (False when comparing raises)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def request_tenant(req: ReqContext) -> str | None:
     """The tenant of a request: its own field, else ``kv_transfer_params['tenant']``."""
     if req.tenant is not None:
         return req.tenant
-    params = req.kv_transfer_params or {}
-    tenant = params.get("tenant")
-    return str(tenant) if tenant is not None else None
+    params = request_params(req.kv_transfer_params) or {}
+    return request_tenant_value(params.get("tenant"))
+
+
+def check_rule_tier(
+    tier: str, where: str, configured: Sequence[str] | None = None, also: Iterable[str] = ()
+) -> None:
+    """A rule's ``tier`` must be ``'*'`` or a tier that exists: one of
+    ``configured`` when a config lists its tiers, else a known tier type (or
+    one of ``also``)."""
+    from raykv.factory import TierFactory
+
+    if tier == "*":
+        return
+    if configured is not None:
+        if tier not in configured:
+            raise ConfigError(
+                where,
+                f"no tier of type {tier!r} is configured; configured: {', '.join(sorted(set(configured)))} "
+                "(or '*' for every tier)",
+            )
+        return
+    known = sorted({*TierFactory.known_types(), *also})
+    if tier not in known:
+        raise ConfigError(where, f"unknown tier type {tier!r}; known types: {', '.join(known)} (or '*' for every tier)")
 
 
 def decide(rules: Iterable[PolicyRule], tier_type: str, req: ReqContext) -> RequestOffloadingContext:

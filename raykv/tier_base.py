@@ -158,7 +158,10 @@ class DirectoryBackedTier(SecondaryTier):
         (``ValueError`` when malformed). Results name the job's own keys."""
         tag = self.key_tag
         keys = [tag + validate_key(k) for k in job.keys]
-        chunks = [int(c) for c in np.asarray(job.chunk_ids).reshape(-1)]
+        ids = np.asarray(job.chunk_ids)
+        if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
+            raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
+        chunks = [int(c) for c in ids.reshape(-1)]
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
         return keys, chunks

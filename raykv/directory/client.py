@@ -24,8 +24,9 @@ import ray
 from raykv.contract import ReqContext, RequestOffloadingContext
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.holders import HolderInfo, preference
-from raykv.keys import shard_of
+from raykv.keys import shard_of, validate_keys
 from raykv.policy import PolicyRule, decide
+from raykv.validate import ArgumentError, timeout_arg
 
 logger = logging.getLogger(__name__)
 
@@ -231,14 +232,21 @@ class DirectoryClient:
         return PendingLookup(keys, parts)
 
     def lookup(self, keys: Sequence[bytes], timeout: float | None = 30.0) -> list[list[HolderInfo]]:
-        """Blocking lookup (tools and tests; engines use ``LookupCache``)."""
-        return self.lookup_async(keys).result(timeout)
+        """Blocking lookup (tools and tests; engines use ``LookupCache``).
+
+        ``keys`` must be a sequence of offload keys (``ArgumentError`` naming
+        the first bad one); ``timeout`` seconds, or None to wait forever.
+        """
+        keys = validate_keys(keys)
+        return self.lookup_async(keys).result(timeout_arg("timeout", timeout))
 
     def prefix_lookup(
         self, keys: Sequence[bytes], node_id: str | None = None, timeout: float | None = 30.0
     ) -> PrefixHit:
         """Leading keys held anywhere, each with its preferred holder:
         this node's plasma, then shared storage, then another node's plasma."""
+        if node_id is not None and not isinstance(node_id, str):
+            raise ArgumentError("node_id", f"must be a Ray node id (str) or None, got {type(node_id).__name__}")
         return self.lookup_async(keys).prefix(node_id, timeout)
 
     def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:

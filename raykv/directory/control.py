@@ -31,10 +31,10 @@ class ControlActor:
             self._version = 1
 
     def __repr__(self) -> str:
-        return (
-            f"RaykvControl(shards={self._config.get('directory_shards')}, "
-            f"holders={len(self._holders)}, rules={len(self._rules)} v{self._version})"
-        )
+        # What it serves only (the dashboard records it once); works when __init__ raised early.
+        config = self.__dict__.get("_config")
+        config = config if isinstance(config, dict) else {}
+        return f"RaykvControl(shards={config.get('directory_shards', '?')}, namespace {config.get('namespace', '?')!r})"
 
     async def config(self) -> dict[str, Any]:
         self.calls["config"] += 1

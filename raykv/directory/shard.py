@@ -193,8 +193,10 @@ class DirectoryShard:
         self._metrics_task = asyncio.get_running_loop().create_task(publish_shard_metrics(self._impl))
 
     def __repr__(self) -> str:
-        s = self._impl
-        return f"DirectoryShard({s.index}/{s.num_shards}, keys={s.num_keys}, holders={len(s._holders)})"
+        # What and where only (the dashboard records it once); works when __init__ raised early.
+        impl = self.__dict__.get("_impl")
+        where = f"{impl.index}/{impl.num_shards}" if impl is not None else "?"
+        return f"DirectoryShard({where}, namespace {self.__dict__.get('namespace')!r})"
 
     async def _ready(self) -> None:
         if not self._rebuilt.done():

@@ -123,5 +123,7 @@ def test_actors_page_shows_raykv_actors_and_reprs(dashboard) -> None:
         assert any(c.replace("\n", " ").startswith(repr_start) for c in cells), (name, cells)
         assert "ALIVE" in cells, (name, cells)
     os_cells = " ".join(rows[naming.object_store_actor(node)]).replace("\n", " ")
-    assert "ObjectStoreActor" in os_cells and "/ 8.0 MiB" in os_cells  # tier, node and capacity
-    assert "unlimited" in " ".join(rows[naming.fs_actor(root)])
+    assert "ObjectStoreActor" in os_cells and "capacity 8.0 MiB" in os_cells  # tier, node and capacity
+    assert "capacity unlimited" in " ".join(rows[naming.fs_actor(root)])
+    for name in expected:  # a repr is recorded once, at start: it must hold no counts that change
+        assert not any(f"{count}=" in " ".join(rows[name]) for count in ("blocks", "files", "keys", "holders", "rules")), rows[name]

@@ -124,8 +124,12 @@ class FsRootActor(WatchableActor):
         )
 
     def __repr__(self) -> str:
-        cap = fmt_bytes(self.capacity) if self.capacity else "unlimited"
-        return f"FsRoot({self.root}, files={len(self._index)}, {fmt_bytes(self._bytes)} / {cap})"
+        # What and where only: the dashboard records a repr once, at start (live
+        # figures: `raykv status`, metrics). Must work when __init__ raised early.
+        d = self.__dict__
+        cap = d.get("capacity")
+        cap_text = "?" if cap is None else fmt_bytes(cap) if cap else "unlimited"
+        return f"FsRoot({d.get('root', '?')}, capacity {cap_text})"
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:

@@ -55,7 +55,18 @@ def canonical_root(root: str) -> str:
         scheme, _, rest = root.partition("://")
         rest = rest.rstrip("/") if rest.strip("/") else rest
         return f"{scheme.lower()}://{rest}"
-    return os.path.normpath(root)
+    root = os.path.normpath(root)
+    # POSIX keeps a leading "//" apart; Linux (and raykv) reads it as "/".
+    return "/" + root.lstrip("/") if root.startswith("//") else root
+
+
+def root_problem_here(root: str) -> str | None:
+    """What makes a local ``root`` unusable as seen from this process (a
+    regular file where the root directory should be), else None. A missing
+    root is fine: the root actor creates it (and says so if it cannot)."""
+    if is_uri(root) or not os.path.lexists(root) or os.path.isdir(root):
+        return None
+    return f"{root!r} exists but is not a directory"
 
 
 def check_root(value: str) -> str | None:
@@ -152,6 +163,8 @@ class LocalStorage(Storage):
         on a local disk by accident."""
         if os.path.isdir(self.root):
             return
+        if os.path.lexists(self.root):
+            raise NotADirectoryError(f"fs tier root {self.root!r} exists but is not a directory")
         parent = os.path.dirname(self.root)
         if not os.path.isdir(parent):
             raise FileNotFoundError(
@@ -160,8 +173,9 @@ class LocalStorage(Storage):
             )
         try:
             os.mkdir(self.root, DIR_MODE)
-        except FileExistsError:
-            pass
+        except FileExistsError:  # created meanwhile: by another node's actor, or as a file
+            if not os.path.isdir(self.root):
+                raise NotADirectoryError(f"fs tier root {self.root!r} exists but is not a directory") from None
 
     def _dir(self, key: bytes) -> str:
         rel = fmt.rel_dir(key)
@@ -373,6 +387,8 @@ class ArrowStorage(Storage):
             self.fs.create_dir(self.root, recursive=True)
             if self.posix_backed:
                 os.chmod(self.root, DIR_MODE)
+        elif info.type != self._pafs.FileType.Directory:
+            raise NotADirectoryError(f"fs tier root {self.uri!r} exists but is not a directory")
 
     def _dir(self, key: bytes) -> str:
         rel = fmt.rel_dir(key)

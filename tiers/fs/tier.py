@@ -31,18 +31,18 @@ import ray
 
 from raykv import naming
 from raykv.cluster import RaykvServices
-from raykv.config import opt
+from raykv.config import ConfigError, opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.directory.holders import SHARED, HolderInfo
-from raykv.errors import RaykvError
 from raykv.keys import OffloadKey
+from raykv.errors import RaykvError, root_cause
 from raykv.identity import KVIdentity
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
 from tiers.fs import format as fmt
 from tiers.fs.format import FormatError
-from tiers.fs.storage import canonical_root, check_root, open_storage
+from tiers.fs.storage import canonical_root, check_root, open_storage, root_problem_here
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,9 @@ class FsOptions:
         min=0,
         doc="bytes of block files kept under the root (LRU eviction, file sizes incl. headers); 0 = unlimited",
     )
-    io_threads: int = opt(4, kind=int, min=1, doc="I/O threads of this engine (loads go before stores)")
+    io_threads: int = opt(
+        4, kind=int, min=1, max=1024, warn_above=64, doc="I/O threads of this engine (loads go before stores)"
+    )
     fsync: bool = opt(True, kind=bool, doc="fsync each block file and its directory before a store counts as done")
     checksum: str = opt(
         "auto",
@@ -81,7 +83,7 @@ class FsOptions:
         "xxh3 (pip xxhash), crc32c (pip crc32c), blake3, crc32 (stdlib); loads verify whatever a file says",
     )
     control_timeout_s: float = opt(
-        30.0, kind=float, min=0.1, doc="longest wait for the root actor before a job fails"
+        30.0, kind=float, min=0.1, max=86400.0, doc="longest wait for the root actor before a job fails"
     )
 
 
@@ -276,9 +278,17 @@ class FsTier(DirectoryBackedTier):
 
     # -- services ------------------------------------------------------------
     @classmethod
+    def instance_key(cls, options: FsOptions) -> str:
+        """One fs tier per root, however it is spelled (``raykv.factory.tier_instance_key``)."""
+        return canonical_root(options.root)
+
+    @classmethod
     def start_services(cls, services: RaykvServices, options: FsOptions) -> Any:
         """Start (or find) the root's ``FsRootActor``; returns its handle."""
         root = canonical_root(options.root)
+        problem = root_problem_here(root)
+        if problem:
+            raise ConfigError("root", problem)
         actor = FsRootActor.options(
             name=naming.fs_actor(root),
             namespace=services.namespace,
@@ -288,7 +298,7 @@ class FsTier(DirectoryBackedTier):
         try:
             info = ray.get(actor.ready.remote(), timeout=300)
         except Exception as e:
-            raise RaykvError(f"fs tier root {root!r}: the root actor did not start: {e}") from e
+            raise RaykvError(f"fs tier root {root!r}: the root actor did not start: {root_cause(e)}") from e
         if info["capacity_bytes"] != options.capacity_bytes:
             logger.warning(
                 "fs root %s already runs with capacity_bytes=%d; keeping it (asked for %d)",

@@ -143,10 +143,12 @@ class ObjectStoreActor(WatchableActor):
         self._publish()
 
     def __repr__(self) -> str:
-        return (
-            f"ObjectStore(node={self.node_id[:12]}, blocks={len(self.index)}, packs={self.index.num_packs}, "
-            f"{fmt_bytes(self.index.used)} / {fmt_bytes(self.index.capacity)})"
-        )
+        # What and where only: the dashboard records a repr once, at start (live
+        # figures: `raykv status`, metrics). Must work when __init__ raised early.
+        d = self.__dict__
+        index = d.get("index")
+        cap = index.capacity if index is not None else d.get("requested_capacity")
+        return f"ObjectStore(node={str(d.get('node_id', '?'))[:12]}, capacity {fmt_bytes(cap) if cap is not None else '?'})"
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:

@@ -89,7 +89,7 @@ class ObjectStoreOptions:
         doc="largest buffer handed to ray.put inside a pack (Ray copies buffers over 1 MiB with per-call threads)",
     )
     job_timeout_s: float = opt(
-        60.0, kind=float, min=0.1, doc="a job whose actor call has not answered by then fails"
+        60.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
     )
 
     def actor_settings(self) -> dict[str, Any]:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from raykv.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
+
 RAYKV_SPEC_NAME = "RaykvOffloadingSpec"
 RAYKV_SPEC_MODULE = "raykv.integrations.vllm.spec"
 DEFAULT_CPU_BYTES = 4 << 30
+#: Below this a CPU primary is almost surely a typo (one block of a small model is ~1 MiB).
+MIN_SENSIBLE_CPU_BYTES = 1 << 20
 
 # Keys this builder owns; passing them through **extra would silently fight it.
 _RESERVED = {"spec_name", "spec_module_path", "cpu_bytes_to_use", "secondary_tiers"}
@@ -27,20 +31,25 @@ def kv_transfer_config(
         **extra: other `kv_connector_extra_config` keys (e.g. `block_size`,
             `eviction_policy`, `backpressure`).
     """
-    if isinstance(cpu_bytes, bool) or not isinstance(cpu_bytes, int) or cpu_bytes <= 0:
-        raise ValueError(f"cpu_bytes must be a positive int, got {cpu_bytes!r}")
-    clash = _RESERVED & extra.keys()
+    cpu_bytes = int_arg("cpu_bytes", cpu_bytes, minimum=1)
+    if cpu_bytes < MIN_SENSIBLE_CPU_BYTES:
+        warn_once(
+            "cpu_bytes<1MiB",
+            f"cpu_bytes={cpu_bytes} is less than 1 MiB, smaller than one KV block of most models "
+            "(the engine refuses a CPU primary that holds no block)",
+        )
+    clash = sorted(_RESERVED & extra.keys())
     if clash:
-        raise ValueError(f"set {sorted(clash)} through kv_transfer_config's own arguments")
-    tiers = list(secondary_tiers or [])
+        raise ArgumentError(clash[0], "set it through kv_transfer_config's own arguments")
+    tiers = as_list(secondary_tiers, "secondary_tiers") if secondary_tiers is not None else []
     for i, tier in enumerate(tiers):
         if not isinstance(tier, dict):
-            raise ValueError(f"secondary_tiers[{i}] must be a dict, got {type(tier).__name__}")
+            raise ConfigError(f"secondary_tiers[{i}]", f"must be a dict, got {type(tier).__name__}")
         if not isinstance(tier.get("type"), str) or not tier["type"]:
-            raise ValueError(f"secondary_tiers[{i}].type must be a non-empty string")
+            raise ConfigError(f"secondary_tiers[{i}].type", "must be a non-empty string")
         module_path = tier.get("module_path")
         if module_path is not None and (not isinstance(module_path, str) or not module_path):
-            raise ValueError(f"secondary_tiers[{i}].module_path must be a non-empty string")
+            raise ConfigError(f"secondary_tiers[{i}].module_path", "must be a non-empty string")
     return {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
@@ -53,6 +62,17 @@ def kv_transfer_config(
             **extra,
         },
     }
+
+
+def check_primary_fits(cpu_bytes: Any, kv_bytes_per_chunk: int, num_chunks: int) -> None:
+    """A CPU primary must hold at least one KV chunk (what vLLM's spec computed
+    for this model: ``num_chunks`` of ``kv_bytes_per_chunk`` bytes)."""
+    if kv_bytes_per_chunk > 0 and num_chunks < 1:
+        raise ConfigError(
+            "cpu_bytes_to_use",
+            f"{cpu_bytes} bytes is smaller than one KV block of this model ({kv_bytes_per_chunk} bytes); "
+            f"give the CPU primary at least {kv_bytes_per_chunk} bytes (cpu_bytes), better many blocks",
+        )
 
 
 #: Module holding the vLLM adapters of raykv's tiers.
@@ -107,9 +127,12 @@ def raykv_kv_transfer_config(
     """
     from raykv.config import RaykvConfig
 
-    cfg = config if isinstance(config, RaykvConfig) else RaykvConfig.from_dict(config or {})
+    cfg = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     tiers = [vllm_tier_entry(t, cfg.namespace) for t in cfg.tiers]
+    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
+        raise ArgumentError("ray_address", f"must be a Ray address such as 'auto' or 'host:6379', got {ray_address!r}")
     if ray_address:
         for t in tiers:
             t["ray_address"] = ray_address
-    return kv_transfer_config([*tiers, *(vllm_tiers or [])], cpu_bytes=cpu_bytes, **extra)
+    native = as_list(vllm_tiers, "vllm_tiers") if vllm_tiers is not None else []
+    return kv_transfer_config([*tiers, *native], cpu_bytes=cpu_bytes, **extra)

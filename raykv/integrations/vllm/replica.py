@@ -18,6 +18,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raykv.validate import ArgumentError
+
 #: Environment every replica gets: the engine in-process, a small CPU KV cache.
 REPLICA_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
@@ -40,11 +42,18 @@ class EngineReplica:
     """One ``vllm.LLM`` with a given ``kv_transfer_config``."""
 
     def __init__(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
+        self.model = model
+        if not isinstance(model, str) or not model:
+            raise ArgumentError("model", f"must be a model name or path (str), got {model!r}")
         from vllm import LLM
 
         t0 = time.perf_counter()
         self.llm = LLM(model=model, kv_transfer_config=kv_transfer_config, **engine_kwargs)
         self.load_s = time.perf_counter() - t0
+
+    def __repr__(self) -> str:
+        # What it serves only (the dashboard records it once); works when __init__ raised early.
+        return f"EngineReplica(model={self.__dict__.get('model', '?')!r})"
 
     def ready(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "load_s": self.load_s, "pid": os.getpid()}

@@ -13,6 +13,8 @@ from raykv.integrations.vllm import require_vllm
 
 require_vllm()
 
+from typing import Any  # noqa: E402
+
 from typing_extensions import override  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
 from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker  # noqa: E402
@@ -22,6 +24,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import (  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from raykv.integrations.vllm import compat  # noqa: E402
+from raykv.integrations.vllm.config import check_primary_fits  # noqa: E402
 from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker  # noqa: E402
 
 
@@ -32,6 +35,10 @@ def _has_async_worker() -> bool:
 
 class RaykvOffloadingSpec(TieringOffloadingSpec):
     """`TieringOffloadingSpec` whose worker also works on vLLM's CPU backend."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        check_primary_fits(self.extra_config.get("cpu_bytes_to_use"), self.kv_bytes_per_chunk, self.num_chunks)
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

@@ -56,6 +56,7 @@ from raykv.identity import KVIdentity  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
+from raykv.validate import request_params, request_tenant_value  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +81,12 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     cached = ctx.get_state(contract.ReqContext)
     if cached is not None:
         return cached
-    params = ctx.kv_transfer_params if isinstance(ctx.kv_transfer_params, dict) else None
-    tenant = params.get("tenant") if params else None
+    params = request_params(ctx.kv_transfer_params)  # a mapping or None, whatever the request sent
     positions = compat.request_key_positions(ctx)
     out = contract.ReqContext(
         req_id=ctx.req_id,
-        kv_transfer_params=params or None,
-        tenant=str(tenant) if tenant is not None else None,
+        kv_transfer_params=params,
+        tenant=request_tenant_value(params.get("tenant")) if params else None,
         prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
     )
     ctx.set_state(out)

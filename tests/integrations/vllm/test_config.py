@@ -56,7 +56,7 @@ def test_defaults_and_vllm_accepts_it() -> None:
         ([], {"cpu_bytes": 0}, "cpu_bytes"),
         ([], {"cpu_bytes": 1.5}, "cpu_bytes"),
         ([[{"root_dir": "/x"}]], {}, r"secondary_tiers\[0\]\.type"),
-        ([["fs"]], {}, r"secondary_tiers\[0\] must be a dict"),
+        ([["fs"]], {}, r"secondary_tiers\[0\]: must be a dict"),
         ([[{"type": "X", "module_path": ""}]], {}, r"secondary_tiers\[0\]\.module_path"),
         ([], {"spec_name": "Other"}, "spec_name"),
     ],

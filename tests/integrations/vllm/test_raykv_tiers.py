@@ -175,3 +175,57 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     _wait_for(lambda: held_prefix() == len(prefix_keys), what="REQUEST_LEVEL cascade of the prefix hits")
     services.remove_rule("persist")
     assert version > 0
+
+
+#: kv_transfer_params a client may send (vLLM itself needs a dict when the value is truthy):
+#: falsy values, nested values, wrong types for the keys raykv and vLLM read.
+ODD_KV_TRANSFER_PARAMS: list[Any] = [
+    None, {}, [], 0, "", False,
+    {"persist": None}, {"persist": "yes"}, {"persist": [True, {"a": None}]},
+    {"persist": {"a": {"b": [1, 2.5, None]}}}, {"persist": float("nan")},
+    {"tenant": 7}, {"tenant": {"x": [1]}}, {"tenant": ""},
+    {"max_load_tokens": "all", "kv_load_tiers": "fs"}, {"": {"": []}},
+    {"persist": True, "tenant": ["a"]},  # matches the REQUEST_LEVEL rule; an odd tenant
+]
+
+
+def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
+    """Each odd value on a real request: computed once, then (evicted from the engine
+    and the primary) served again through raykv: the request succeeds and its
+    first-token logprobs equal the computed ones (1e-4: vLLM's CPU backend)."""
+    import raykv
+
+    kind, llm, actor = raykv_llm
+    if kind != "fs":
+        pytest.skip("one tier is enough for the request path")
+    services = raykv.attach(NAMESPACE)
+    services.add_rule({"name": "odd-persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}})
+    services.add_rule({"name": "odd-tenant", "tier": "*", "match": {"tenant": "7"}})
+    time.sleep(1.0)  # the engine's policy cache long-polls the new rules
+    try:
+        prompts = [make_prompt_tokens(PROMPT_LEN, 60 + i) for i in range(len(ODD_KV_TRANSFER_PARAMS))]
+        held = len(ray.get(actor.keys.remote()))
+        computed = []
+        for i, (tokens, params) in enumerate(zip(prompts, ODD_KV_TRANSFER_PARAMS)):
+            out, _ = _generate(llm, tokens, {"kv_transfer_params": params})
+            assert out.num_cached_tokens == 0 and len(out.outputs[0].token_ids) == 1, params
+            computed.append(out)
+            # the primary (16 chunks) is smaller than the traffic: let each prompt cascade before the next
+            want = held + 7 * (i + 1)
+            _wait_for(lambda: len(ray.get(actor.keys.remote())) >= want, what=f"prompt {i}'s blocks in the fs tier")
+
+        before = _hits_by_source(llm)
+        for tokens, params, cold in zip(prompts, ODD_KV_TRANSFER_PARAMS, computed):
+            warm, _ = _generate(llm, tokens, {"kv_transfer_params": params})
+            assert warm.num_cached_tokens == CACHEABLE, (params, warm.num_cached_tokens)
+            assert warm.outputs[0].token_ids == cold.outputs[0].token_ids, params
+            cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
+            assert set(cold_lp) == set(warm_lp), params
+            for token, lp in cold_lp.items():
+                assert warm_lp[token].logprob == pytest.approx(lp.logprob, abs=1e-4), (params, token)
+        from_raykv = _hits_by_source(llm).get("disk", 0) - before.get("disk", 0)
+        # the engine cache (20 blocks) and the primary (16 chunks) hold ~3 prompts: the rest came from raykv
+        assert from_raykv >= CACHEABLE * (len(prompts) - 4), (from_raykv, before)
+    finally:
+        services.remove_rule("odd-persist")
+        services.remove_rule("odd-tenant")
