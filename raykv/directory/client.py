@@ -247,7 +247,7 @@ class DirectoryClient:
         this node's plasma, then shared storage, then another node's plasma."""
         if node_id is not None and not isinstance(node_id, str):
             raise ArgumentError("node_id", f"must be a Ray node id (str) or None, got {type(node_id).__name__}")
-        return self.lookup_async(keys).prefix(node_id, timeout)
+        return self.lookup_async(validate_keys(keys)).prefix(node_id, timeout_arg("timeout", timeout))
 
     def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
         """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
