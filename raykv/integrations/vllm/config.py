@@ -7,6 +7,10 @@ from typing import Any
 
 from raykv.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
 
+#: ``weights_fingerprint`` modes (``raykv.integrations.vllm.identity``; kept
+#: here so building a config needs no vLLM).
+FINGERPRINT_MODES = ("stat", "content", "none")
+
 RAYKV_SPEC_NAME = "RaykvOffloadingSpec"
 RAYKV_SPEC_MODULE = "raykv.integrations.vllm.spec"
 DEFAULT_CPU_BYTES = 4 << 30
@@ -112,6 +116,8 @@ def raykv_kv_transfer_config(
     cpu_bytes: int = DEFAULT_CPU_BYTES,
     vllm_tiers: list[dict[str, Any]] | None = None,
     ray_address: str | None = None,
+    model_revision: str | None = None,
+    weights_fingerprint: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """vLLM's ``kv_transfer_config`` for a raykv config (a ``RaykvConfig``, or its
@@ -123,7 +129,9 @@ def raykv_kv_transfer_config(
     order (put ``object_store`` before ``fs``: vLLM promotes from the first
     tier that hits). ``vllm_tiers`` are vLLM-native tiers appended as given;
     ``ray_address`` tells the engine process which Ray cluster to join when it
-    is not a Ray worker already.
+    is not a Ray worker already. ``model_revision`` and ``weights_fingerprint``
+    (``stat``, ``content``, ``none``) feed the engine's KV identity
+    (``raykv.integrations.vllm.identity``).
     """
     from raykv.config import RaykvConfig
 
@@ -135,4 +143,14 @@ def raykv_kv_transfer_config(
         for t in tiers:
             t["ray_address"] = ray_address
     native = as_list(vllm_tiers, "vllm_tiers") if vllm_tiers is not None else []
+    if model_revision is not None:
+        if not isinstance(model_revision, str) or not model_revision.strip():
+            raise ArgumentError("model_revision", f"must be a non-empty str, got {model_revision!r}")
+        extra["raykv_model_revision"] = model_revision
+    if weights_fingerprint is not None:
+        if weights_fingerprint not in FINGERPRINT_MODES:
+            raise ArgumentError(
+                "weights_fingerprint", f"must be one of {', '.join(FINGERPRINT_MODES)}; got {weights_fingerprint!r}"
+            )
+        extra["raykv_weights_fingerprint"] = weights_fingerprint
     return kv_transfer_config([*tiers, *native], cpu_bytes=cpu_bytes, **extra)

@@ -29,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from raykv.identity import KVIdentity
+from raykv.integrations.vllm.config import FINGERPRINT_MODES
 
 logger = logging.getLogger(__name__)
 
-FINGERPRINT_MODES = ("stat", "content", "none")
+
 #: Files whose bytes decide the model's KV (weights, adapters, configs).
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".json", ".model", ".tiktoken")
 _CACHE_FILE = Path(os.environ.get("RAYKV_CACHE_DIR", Path.home() / ".cache" / "raykv")) / "weights_fingerprints.json"

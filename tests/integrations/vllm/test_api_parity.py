@@ -171,3 +171,73 @@ def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local
         assert set(keys[-4:]) <= held and not set(keys[:4]) & held
         tier.shutdown()
     services.shutdown()
+
+
+def _spec(model: str, **over):
+    """An object shaped like vLLM's OffloadingSpec (only ``config`` is read)."""
+    from types import SimpleNamespace as NS
+
+    parallel = NS(tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, world_size=1, rank=0)
+    for k in ("tp_size", "rank"):
+        if k in over:
+            setattr(parallel, k, over.pop(k))
+    config = NS(
+        model=NS(name=model, dtype=over.pop("dtype", "bfloat16")),
+        cache=NS(tokens_per_hash=128, blocks_per_chunk=1),
+        groups=(NS(tokens_per_block=128, layer_names=("l0", "l1")),),
+        parallel=parallel, replicated_layout=False, canonical_layout=False,
+    )
+    return NS(config=config, extra_config={})
+
+
+def test_engine_identity_covers_model_weights_revision_and_layout(tmp_path) -> None:
+    import os
+    import shutil
+
+    from raykv.integrations.vllm.identity import engine_identity
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    base = engine_identity(_spec(str(model)), chunk_bytes=4096)
+    assert base.weights.startswith("stat:") and base.layout["engine"].startswith("vllm-")
+    variants = [
+        engine_identity(_spec(str(model), dtype="float16"), chunk_bytes=4096),
+        engine_identity(_spec(str(model), tp_size=2), chunk_bytes=4096),
+        engine_identity(_spec(str(model), rank=1), chunk_bytes=4096),
+        engine_identity(_spec(str(model)), chunk_bytes=8192),
+        engine_identity(_spec(str(model)), chunk_bytes=4096, model_revision="r2"),
+        engine_identity(_spec(str(model) + "-other"), chunk_bytes=4096),
+    ]
+    assert len({base.tag, *(v.tag for v in variants)}) == 1 + len(variants)
+    assert engine_identity(_spec(str(model)), chunk_bytes=4096).tag == base.tag  # stable
+
+    # a weight update in place (same size, new bytes) is a new identity
+    (model / "model.safetensors").write_bytes(b"weights-2")
+    os.utime(model / "model.safetensors", ns=(1, 1))
+    updated = engine_identity(_spec(str(model)), chunk_bytes=4096)
+    assert updated.tag != base.tag
+    # content: equal bytes are equal wherever and whenever they were copied; none: model + revision only
+    copy = shutil.copytree(model, tmp_path / "copy")
+    os.utime(copy / "model.safetensors", ns=(2, 2))
+    a = engine_identity(_spec(str(model)), chunk_bytes=4096, weights_fingerprint="content")
+    b = engine_identity(_spec(str(copy)), chunk_bytes=4096, weights_fingerprint="content")
+    assert a.weights == b.weights and a.weights.startswith("content:")
+    assert engine_identity(_spec(str(model)), chunk_bytes=4096, weights_fingerprint="none").weights == ""
+    with pytest.raises(ValueError, match="weights_fingerprint"):
+        engine_identity(_spec(str(model)), chunk_bytes=4096, weights_fingerprint="sha")
+
+
+def test_identity_options_reach_the_engine_config() -> None:
+    from raykv.integrations.vllm import raykv_kv_transfer_config
+    from raykv.validate import ArgumentError
+
+    kv = raykv_kv_transfer_config({"tiers": [{"type": "object_store"}]}, model_revision="r7",
+                                  weights_fingerprint="none")
+    extra = kv["kv_connector_extra_config"]
+    assert extra["raykv_model_revision"] == "r7" and extra["raykv_weights_fingerprint"] == "none"
+    with pytest.raises(ArgumentError, match="weights_fingerprint"):
+        raykv_kv_transfer_config({}, weights_fingerprint="md5")
+    with pytest.raises(ArgumentError, match="model_revision"):
+        raykv_kv_transfer_config({}, model_revision="")
