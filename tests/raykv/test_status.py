@@ -120,6 +120,10 @@ def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> Non
         assert rate["hits"] == totals[tier]["raykv_lookup_hits"]
         assert 0 < rate["hit_rate"] < 1
     assert os_tier["engine_lookups"]["lookups"] == totals["object_store"]["raykv_lookups"]
+    # the tiers here run under the default identity: all 16 blocks are its, per tier
+    (ident,) = status["identities"]
+    assert ident["model"] == "default" and ident["blocks"] == 16
+    assert ident["blocks_by_tier"] == {"object_store": 10, "fs": 6}
 
 
 def test_status_json_reports_tiers_and_occupancy(filled) -> None:
@@ -142,3 +146,5 @@ def test_status_table(filled) -> None:
     assert "unlimited" in fs_row and " 6 " in fs_row
     assert "directory: 3 shard(s), 16 keys" in table
     assert "raykv-directory-2" in table
+    ident_row = next(line for line in table.splitlines() if line.startswith(status["identities"][0]["tag"]))
+    assert " 16 " in ident_row and "default" in ident_row and "object_store 10" in ident_row
