@@ -230,6 +230,11 @@ def is_identity_dir(name: str) -> bool:
     return len(name) == 2 * TAG_BYTES and all(c in "0123456789abcdef" for c in name)
 
 
+def is_legacy_dir(name: str) -> bool:
+    """A first-level folder of the layout before identity scoping (``<hex[0:2]>``)."""
+    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
+
+
 def is_fan_dir(name: str) -> bool:
     """Whether an identity folder's entry is a fan-out leaf."""
     return len(name) == FAN_DIGITS and all(c in "0123456789abcdef" for c in name)

@@ -263,6 +263,12 @@ class LocalStorage(Storage):
         now = time.time()
         if not os.path.isdir(self.root):
             return out
+        legacy = _subdirs(self.root, fmt.is_legacy_dir)
+        if legacy:  # blocks written before identity scoping: never served again
+            logger.warning(
+                "fs root %s has %d fan-out folders of unscoped blocks from an older raykv; they are "
+                "ignored and can be deleted (rm -r %s/??)", self.root, len(legacy), self.root,
+            )
         for l1 in _subdirs(self.root, fmt.is_identity_dir):
             for l2 in _subdirs(l1, fmt.is_fan_dir):
                 with os.scandir(l2) as it:
