@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
-import raykv
 from raykv import naming
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.integrations.vllm.replica import start_replica
@@ -26,18 +24,9 @@ ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 20, "enforce_eager":
 
 
 @pytest.fixture(scope="module")
-def two_replicas(vllm_env, tiny_model) -> Iterator[tuple[Any, Any, list[str]]]:
-    if ray.is_initialized():
-        ray.shutdown()
+def two_replicas(two_node_raykv, tiny_model) -> Iterator[tuple[Any, Any, list[str]]]:
+    _, nodes = two_node_raykv
     mib = 1024 * 1024
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "object_store_memory": 256 * mib, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, object_store_memory=256 * mib)
-    ray.init(address=cluster.address, log_to_driver=False)
-    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
-    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     cfg = raykv_kv_transfer_config(
         {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * mib}]},
         cpu_bytes=64 * (128 << 10),
@@ -47,9 +36,6 @@ def two_replicas(vllm_env, tiny_model) -> Iterator[tuple[Any, Any, list[str]]]:
     assert info[0]["node_id"] != info[1]["node_id"]
     yield a, b, nodes
     ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=60)
-    services.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
 
 
 def test_prompt_computed_on_one_node_is_a_prefix_hit_on_the_other(two_replicas) -> None:

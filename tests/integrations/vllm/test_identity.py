@@ -14,14 +14,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
-import raykv
 from raykv import naming
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.integrations.vllm.replica import start_replica
@@ -55,17 +52,8 @@ def _held(nodes: list[str]) -> dict[str, set[bytes]]:
 
 
 @pytest.fixture(scope="module")
-def cluster(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "object_store_memory": 256 * MIB, "include_dashboard": False},
-    )
-    cluster.add_node(num_cpus=2, object_store_memory=256 * MIB)
-    ray.init(address=cluster.address, log_to_driver=False)
-    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
-    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+def cluster(two_node_raykv, tiny_model, tmp_path_factory) -> dict[str, Any]:
+    services, nodes = two_node_raykv
     # model B: the same architecture, tokenizer and shapes as A, other weights
     models = tmp_path_factory.mktemp("identity-models")
     model_a = str(shutil.copytree(tiny_model, models / "model-a"))
@@ -75,10 +63,7 @@ def cluster(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
         {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB}]},
         cpu_bytes=64 * (128 << 10),
     )
-    yield {"services": services, "nodes": nodes, "model_a": model_a, "model_b": model_b, "cfg": cfg}
-    services.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
+    return {"services": services, "nodes": nodes, "model_a": model_a, "model_b": model_b, "cfg": cfg}
 
 
 def _replica(node: str, model: str, cfg: dict[str, Any]) -> Any:
