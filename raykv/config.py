@@ -117,6 +117,13 @@ class RaykvConfig:
     lookup_ttl_s: float = opt(
         2.0, kind=float, min=0.0, doc="how long an engine trusts a directory answer"
     )
+    status_log_s: float = opt(
+        30.0,
+        kind=float,
+        min=0.0,
+        doc="seconds between the one-line live status each raykv actor logs (the Ray dashboard shows it "
+        "under the actor's Logs; logged only when it changed); 0 = off",
+    )
     tiers: list = opt(
         [], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`"
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.holders import HolderInfo
 from raykv.metrics import publish_shard_metrics
 
@@ -48,6 +48,7 @@ class DirectoryShardImpl:
         self.dropped: list[dict[str, Any]] = []
         self.invalidated: Counter[str] = Counter()  # keys dropped, by reason (metrics)
         self.looked_up = 0  # keys looked up (metrics)
+        self.found = 0  # keys looked up that some holder held (status line)
 
     # -- holders ---------------------------------------------------------
     def add_holder(self, info: HolderInfo) -> int:
@@ -130,6 +131,7 @@ class DirectoryShardImpl:
         entries = self._entries
         self.looked_up += len(keys)
         out = list(map(entries.get, keys))  # per key in C
+        self.found += len(out) - out.count(None)
         used: set[int] = set()
         for v in set(out):  # distinct answers: a handful
             if v is None:
@@ -171,10 +173,20 @@ class DirectoryShard:
         self._rebuilt = asyncio.get_running_loop().create_task(self._rebuild())
         # Keys, lookups and invalidations as Ray metrics, published locally once a second.
         self._metrics_task = asyncio.get_running_loop().create_task(publish_shard_metrics(self._impl))
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     def __repr__(self) -> str:
         s = self._impl
         return f"DirectoryShard({s.index}/{s.num_shards}, keys={len(s._entries)}, holders={len(s._holders)})"
+
+    def status_line(self) -> str:
+        """Live keys, holders and lookups, one line (logged every ``status_log_s``)."""
+        s = self._impl
+        return (
+            f"directory shard {s.index}/{s.num_shards}: {len(s._entries)} keys, {len(s._holders)} holders; "
+            f"looked up {s.looked_up} keys, {s.found} found; registers {s.calls['register']}, "
+            f"invalidated {sum(s.invalidated.values())}"
+        )
 
     async def _ready(self) -> None:
         if not self._rebuilt.done():

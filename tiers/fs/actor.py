@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.metrics import ActorMetrics
@@ -88,6 +88,7 @@ class FsRootActor(WatchableActor):
         # Async actors run __init__ on their event loop: scanning and
         # registering happen in a task that every method waits for.
         self._started = asyncio.get_running_loop().create_task(self._start())
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     async def _start(self) -> None:
         # The namespace's services, found without blocking the event loop.
@@ -122,6 +123,15 @@ class FsRootActor(WatchableActor):
     def __repr__(self) -> str:
         cap = fmt_bytes(self.capacity) if self.capacity else "unlimited"
         return f"FsRoot({self.root}, files={len(self._index)}, {fmt_bytes(self._bytes)} / {cap})"
+
+    def status_line(self) -> str:
+        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
+        c = self.counters
+        cap = f"{fmt_bytes(self.capacity)} ({100 * self._bytes / self.capacity:.0f}%)" if self.capacity else "unlimited"
+        return (
+            f"fs root={self.root}: {len(self._index)} files, {fmt_bytes(self._bytes)} / {cap}; "
+            f"committed {c['committed']}, evicted {c['evicted']}, removed {c['removed']}, touches {c['touches']}"
+        )
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import PLASMA, HolderInfo
 from raykv.metrics import ActorMetrics
@@ -113,6 +113,7 @@ class ObjectStoreActor(WatchableActor):
         # Async actors run __init__ on their event loop: announcing ourselves
         # happens in a task that every method waits for.
         self._started = asyncio.get_running_loop().create_task(self._start())
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     async def _start(self) -> None:
         control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
@@ -143,6 +144,16 @@ class ObjectStoreActor(WatchableActor):
         return (
             f"ObjectStore(node={self.node_id[:12]}, blocks={len(self.index)}, packs={self.index.num_packs}, "
             f"{fmt_bytes(self.index.used)} / {fmt_bytes(self.index.capacity)})"
+        )
+
+    def status_line(self) -> str:
+        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
+        c, used, cap = self.counters, self.index.used, self.index.capacity
+        return (
+            f"object_store node={self.node_id[:12]}: {len(self.index)} blocks in {self.index.num_packs} packs, "
+            f"{fmt_bytes(used)} / {fmt_bytes(cap)} ({100 * used / cap if cap else 0:.0f}%); "
+            f"stored {c['stored_blocks']}, evicted {c['evicted_blocks']}, served {c['hits']} "
+            f"(to other nodes {c['served_remote']}), load misses {c['misses']}"
         )
 
     # -- helpers -----------------------------------------------------------
