@@ -27,6 +27,7 @@ from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.metrics import ActorMetrics
 from raykv.tier_base import WatchableActor, settle
+from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
 
@@ -68,9 +69,15 @@ class _Metrics(ActorMetrics):
 class FsRootActor(WatchableActor):
     """Index, capacity and directory registration of one root's block files."""
 
-    def __init__(self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0) -> None:
+    def __init__(
+        self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0,
+        tenant_quotas: dict[str, int] | None = None,
+    ) -> None:
         self.root = root
         self.capacity = int(capacity_bytes)  # 0: unlimited
+        # Bytes per tenant, each tenant's LRU, quotas. Files carry no tenant: after a
+        # restart the scanned files belong to the default tenant.
+        self._tenants = TenantLRU(tenant_quotas)
         self.namespace = namespace
         self.storage = open_storage(root)
         self.storage.ensure_root()
@@ -107,6 +114,7 @@ class FsRootActor(WatchableActor):
             if e.key not in self._index:
                 self._index[e.key] = e.size
                 self._bytes += e.size
+                self._tenants.add(e.key, DEFAULT_TENANT, e.size)
         evicted = self._evict()
         if evicted:
             await asyncio.to_thread(self.storage.delete, evicted)
@@ -131,22 +139,35 @@ class FsRootActor(WatchableActor):
         return (
             f"fs root={self.root}: {len(self._index)} files, {fmt_bytes(self._bytes)} / {cap}; "
             f"committed {c['committed']}, evicted {c['evicted']}, removed {c['removed']}, touches {c['touches']}"
+            f"{fmt_tenants(self._tenants.bytes_by_tenant())}"
         )
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:
         self._metrics.publish(len(self._index), self._bytes, self.capacity, self.counters)
 
-    def _evict(self) -> list[bytes]:
+    def _evict(self, tenants: Sequence[str] = ()) -> list[bytes]:
+        """Evict to stay within capacity (and, for ``tenants`` committing now,
+        their quotas; ``raykv.tenants``). With quotas, another tenant's files
+        within its quota go only when no committing tenant is named (a restart's
+        scan, a smaller capacity)."""
         out: list[bytes] = []
-        if self.capacity <= 0:
-            return out
-        while self._bytes > self.capacity and self._index:
-            key, size = self._index.popitem(last=False)
-            self._bytes -= size
-            out.append(key)
+        quotas = bool(self._tenants.quotas)
+        for t in dict.fromkeys(tenants) if quotas else ():
+            while (victim := self._tenants.own_victim(t, 0)) is not None:
+                self._pop(victim, out)
+        while 0 < self.capacity < self._bytes and self._index:
+            victim = self._tenants.shared_victim(None) if quotas else None
+            if victim is None and quotas:
+                victim = next((v for t in dict.fromkeys(tenants) if (v := self._tenants.shared_victim(t))), None)
+            self._pop(victim if victim is not None else next(iter(self._index)), out)
         self.counters["evicted"] += len(out)
         return out
+
+    def _pop(self, key: bytes, out: list[bytes]) -> None:
+        self._bytes -= self._index.pop(key)
+        self._tenants.discard(key)
+        out.append(key)
 
     def _drop(self, keys: Sequence[bytes]) -> list[bytes]:
         dropped = []
@@ -154,6 +175,7 @@ class FsRootActor(WatchableActor):
             size = self._index.pop(k, None)
             if size is not None:
                 self._bytes -= size
+                self._tenants.discard(k)
                 dropped.append(k)
         return dropped
 
@@ -169,15 +191,17 @@ class FsRootActor(WatchableActor):
         return {"root": self.root, "capacity_bytes": self.capacity, "holder": self.info.to_dict()}
 
     async def commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """``_commit``, run to its end even if the calling engine dies mid-call
         (Ray cancels a dead caller's tasks; the index, the directory and the
         files must still agree)."""
-        return await asyncio.shield(self._commit(keys, sizes, verify))
+        return await asyncio.shield(self._commit(keys, sizes, verify, tenants))
 
     async def _commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """Take ``keys`` (files written, or found present, by an engine) into the index.
 
@@ -196,9 +220,11 @@ class FsRootActor(WatchableActor):
             missing = {k for k, s in zip(check, sizes_now) if s is None}
         # From here to the first await the index and the directory calls change together.
         held = []
-        for k, size in zip(keys, sizes):
+        owners = list(tenants) if tenants is not None else [DEFAULT_TENANT] * len(keys)
+        for k, size, tenant in zip(keys, sizes, owners):
             if k in missing:
                 continue
+            self._tenants.add(k, tenant, size)  # a held key keeps its first tenant
             old = self._index.get(k)
             if old is None:
                 self._bytes += size
@@ -209,7 +235,7 @@ class FsRootActor(WatchableActor):
                 self._index[k] = size
                 self._index.move_to_end(k)
             held.append(k)
-        evicted = self._evict()
+        evicted = self._evict(owners)
         gone = set(evicted)
         refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
         if evicted:
@@ -227,6 +253,7 @@ class FsRootActor(WatchableActor):
         for k in keys:
             if k in self._index:
                 self._index.move_to_end(k)
+        self._tenants.touch(keys)
 
     async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
         """``_remove``, run to its end even if the caller dies mid-call."""
@@ -280,6 +307,8 @@ class FsRootActor(WatchableActor):
             "files": len(self._index),
             "bytes": self._bytes,
             "capacity_bytes": self.capacity,
+            "tenant_bytes": self._tenants.bytes_by_tenant(),
+            "tenant_quotas": dict(self._tenants.quotas),
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
             **self.counters,

@@ -69,10 +69,12 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
             return cached
     params = ctx.kv_transfer_params or None
     tenant = params.get("tenant") if isinstance(params, dict) else None
+    salt = getattr(ctx, "cache_salt", None)  # not on vLLM 0.32's ReqContext; used where a version has it
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params,
         tenant=str(tenant) if tenant is not None else None,
+        cache_salt=str(salt) if salt is not None else None,
     )
     if state is not None:
         state[contract.ReqContext] = out
