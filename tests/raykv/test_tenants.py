@@ -44,6 +44,34 @@ def test_victims_respect_other_tenants_quotas() -> None:
     assert lru.bytes_by_tenant() == {"a": 40, "b": 50}
 
 
+def test_pack_index_evicts_by_tenant_and_reports_no_room() -> None:
+    """The object store's index: whole packs of the right tenant go; a store that would need
+    another tenant's in-quota blocks finds no room (the actor then fails it)."""
+    from tiers.object_store.packing import Pack, PackIndex
+
+    idx = PackIndex(16 * BLOCK, {"a": 12 * BLOCK, "b": 12 * BLOCK})  # quotas oversubscribe the capacity
+    ids = iter(range(100))
+
+    def add(tenant: str, n: int) -> list[bytes]:
+        keys = [b"%s-%d" % (tenant.encode(), next(ids)) for _ in range(n)]
+        idx.evict_for(n * BLOCK, tenant)
+        idx.add(Pack(next(ids), None, keys, BLOCK, [n * BLOCK], tenant))
+        return keys
+
+    b_keys = add("b", 10)
+    a1 = add("a", 4)
+    assert idx.used == 14 * BLOCK
+    evicted, packs = idx.evict_for(4 * BLOCK, "a")  # full: a's own oldest pack goes, never b's
+    assert evicted == a1 and len(packs) == 1 and idx.used + 4 * BLOCK <= idx.capacity
+    add("a", 4)
+    evicted, _ = idx.evict_for(8 * BLOCK, "a")  # a's all 4 go and still no room: b is within quota
+    assert len(evicted) == 4 and idx.used + 8 * BLOCK > idx.capacity
+    assert all(k in idx for k in b_keys)
+    assert idx.tenants.bytes_by_tenant() == {"b": 10 * BLOCK}
+    with pytest.raises(ValueError, match="quota"):
+        idx.evict_for(13 * BLOCK, "a")
+
+
 @pytest.mark.parametrize(
     "quotas, problem",
     [({"a": 0}, "int >= 1"), ({"a": True}, "int >= 1"), ({"": 5}, "non-empty"), ({"a": "1GiB"}, "int >= 1")],
