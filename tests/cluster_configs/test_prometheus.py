@@ -31,7 +31,6 @@ import ray
 from ray.cluster_utils import Cluster
 
 import raykv
-from raykv.contract import LookupResult
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "cluster_configs" / "grafana_raykv.json"
 NAMESPACE = "raykv-prometheus-test"
