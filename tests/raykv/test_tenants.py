@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import ray
 
 import raykv
 from raykv.client import TierDriver
@@ -98,7 +99,7 @@ def _burst(tier, region, quota_blocks: int) -> tuple[list[LookupResult], list[by
     a.req = ReqContext("a-req", kv_transfer_params={"tenant": "tenant-a"})
     a_keys = raykv.prefix_keys(list(range(16 * 80)), 16, salt="a")
     for i in range(0, 80, 4):
-        a.store(a_keys[i : i + 4], list(range(16, 20)))  # a's own quota evicts a's own blocks
+        assert a.store(a_keys[i : i + 4], list(range(16, 20))).success  # a's quota evicts a's own blocks
     tier._cache.invalidate(b_keys)
     hits = b.lookup(b_keys)
     ok = b.load(b_keys, list(range(32, 32 + quota_blocks))).success
@@ -128,14 +129,11 @@ def test_burst_of_one_tenant_leaves_the_other_tenants_blocks(services, tmp_path_
     region = PrimaryRegion(48, BLOCK)
     try:
         tier = TierFactory.create_tier(cfg, region.view, services=services)
-        if kind == "object_store":  # one actor per node: start it fresh with this test's quotas
-            import ray
-
-            ray.get(tier.actor.ready.remote())
+        assert ray.get(tier.actor.stats.remote())["tenant_quotas"] == cfg["tenant_quotas"]
         hits, loaded = _burst(tier, region, quota_blocks)
         assert hits == [LookupResult.HIT] * quota_blocks
         assert len(loaded) == quota_blocks  # every byte of b's blocks came back
-        stats = __import__("ray").get(tier.actor.stats.remote())
+        stats = ray.get(tier.actor.stats.remote())
         assert set(stats["tenant_bytes"]) == {"tenant-a", "tenant-b"}
         assert stats["tenant_bytes"]["tenant-a"] <= quota_blocks * per_block
         status = collect_status(services, metrics=False)
