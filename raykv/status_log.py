@@ -20,6 +20,7 @@ from raykv import naming
 logger = logging.getLogger("raykv.status")
 
 DEFAULT_INTERVAL_S = 30.0
+_handler: logging.Handler | None = None
 
 
 async def _interval_from_control(namespace: str) -> float:
@@ -52,10 +53,11 @@ async def _run(line: Callable[[], str], interval_s: float | None, namespace: str
 
 def _ensure_handler() -> None:
     """Ray workers log only Ray's own INFO records: give status lines their own stderr handler."""
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s raykv status: %(message)s"))
-        logger.addHandler(handler)
+    global _handler
+    if _handler is None:
+        _handler = logging.StreamHandler(sys.stderr)
+        _handler.setFormatter(logging.Formatter("%(asctime)s raykv status: %(message)s"))
+        logger.addHandler(_handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
 
