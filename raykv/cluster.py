@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from raykv import naming
+from raykv import grafana, naming
 from raykv.identity import KVIdentity
 from raykv.config import RaykvConfig
 from raykv.directory.client import DirectoryClient, LookupCache, PolicyCache
@@ -219,6 +219,7 @@ def start(
         _attached[_session_key(ns)] = services
     for i, tier in enumerate(config.tiers):
         services.start_tier_services(tier, f"tiers[{i}]")
+    grafana.provision()
     return services
 
 

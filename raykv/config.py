@@ -140,6 +140,13 @@ class RaykvConfig:
         min=1,
         doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
     )
+    status_log_s: float = opt(
+        30.0,
+        kind=float,
+        min=0.0,
+        doc="seconds between the one-line live status each raykv actor logs (the Ray dashboard shows it "
+        "under the actor's Logs; logged only when it changed); 0 = off",
+    )
     tiers: list = opt(
         [], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`"
     )

@@ -96,6 +96,8 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
             actor = ray.get_actor(info["actor_name"], namespace=ns)
             stats = ray.get(actor.stats.remote(), timeout=timeout)
             entry.update(alive=True, **_occupancy(stats), stats=stats)
+            entry["tenant_bytes"] = stats.get("tenant_bytes", {})
+            entry["tenant_quotas"] = stats.get("tenant_quotas", {})
         except Exception as e:  # dead or unreachable holder
             entry.update(alive=False, error=type(e).__name__, blocks=None, bytes_used=None,
                          capacity_bytes=None, occupancy=None)
@@ -157,6 +159,27 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
+def _tenant_lines(tiers: list[dict[str, Any]]) -> list[str]:
+    """Bytes per tenant (and quota) of each tier actor, when tenants or quotas exist."""
+    from raykv.tenants import DEFAULT_TENANT, EVERY_TENANT
+
+    rows = []
+    for t in tiers:
+        held, quotas = t.get("tenant_bytes") or {}, t.get("tenant_quotas") or {}
+        if set(held) <= {DEFAULT_TENANT} and not quotas:
+            continue
+        where = t.get("node_id") or t.get("stats", {}).get("root") or "shared"
+        parts = []
+        for tenant in sorted(set(held) | (set(quotas) - {EVERY_TENANT})):
+            quota = quotas.get(tenant, quotas.get(EVERY_TENANT))
+            parts.append(
+                f"{tenant or '(none)'} {fmt_bytes(held.get(tenant, 0))}"
+                + (f" / {fmt_bytes(quota)}" if quota is not None else "")
+            )
+        rows.append(f"  {t['tier_type']:<13} {str(where)[:30]:<30} " + ", ".join(parts))
+    return ["", "bytes per tenant (/ quota):", *rows] if rows else []
+
+
 def format_status(status: dict[str, Any]) -> str:
     """Terminal tables of ``collect_status``'s result."""
     d = status["directory"]
@@ -187,6 +210,7 @@ def format_status(status: dict[str, Any]) -> str:
             f"{fmt_bytes(t.get('capacity_bytes')) if t.get('capacity_bytes') else 'unlimited':>10} "
             f"{_pct(t.get('occupancy')):>9} {_pct(rate.get('hit_rate')):>9} {rate.get('lookups', 0):>8}"
         )
+    lines += _tenant_lines(status["tiers"])
     if not status["tiers"]:
         lines.append("(no tier actors yet: they start with `raykv start --config` or the first engine)")
     if status.get("identities"):

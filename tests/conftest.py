@@ -16,6 +16,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", help="run the long soak tests")
+    parser.addoption(
+        "--launch", action="store_true", help="run `ray up` of the on-prem YAML against localhost over SSH (root)"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
         if "soak" in item.keywords and not config.getoption("--soak"):
             item.add_marker(pytest.mark.skip(reason="opt-in: --soak"))
+        if "launch" in item.keywords and not config.getoption("--launch"):
+            item.add_marker(pytest.mark.skip(reason="opt-in: --launch"))
 
 
 @pytest.fixture(scope="module")

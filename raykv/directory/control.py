@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 
+from raykv import status_log
 from raykv.policy import PolicyRule
 
 
@@ -29,12 +30,21 @@ class ControlActor:
             self._rules[rule.name or f"rule-{i}"] = rule.to_dict()
         if self._rules:
             self._version = 1
+        self._status_log = status_log.spawn(
+            self.status_line, interval_s=float(config.get("status_log_s", status_log.DEFAULT_INTERVAL_S))
+        )
 
     def __repr__(self) -> str:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
         config = self.__dict__.get("_config")
         config = config if isinstance(config, dict) else {}
         return f"RaykvControl(shards={config.get('directory_shards', '?')}, namespace {config.get('namespace', '?')!r})"
+
+    def status_line(self) -> str:
+        """Live holders, rules and calls, one line (logged every ``status_log_s``)."""
+        holders = ", ".join(sorted(self._holders)) or "none"
+        calls = ", ".join(f"{k} {v}" for k, v in sorted(self.calls.items()))
+        return f"control: holders [{holders}]; rules {len(self._rules)} v{self._version}; calls: {calls}"
 
     async def config(self) -> dict[str, Any]:
         self.calls["config"] += 1

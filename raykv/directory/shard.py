@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import FingerprintTable
 from raykv.directory.holders import HolderInfo
@@ -78,6 +78,7 @@ class DirectoryShardImpl:
         self.dropped: list[dict[str, Any]] = []
         self.invalidated: Counter[str] = Counter()  # keys dropped, by reason (metrics)
         self.looked_up = 0  # keys looked up (metrics)
+        self.found = 0  # keys looked up that some holder held (status line)
 
     @property
     def nbytes(self) -> int:
@@ -153,6 +154,7 @@ class DirectoryShardImpl:
         self.looked_up += len(fps)
         pos = self._table.find(fps)
         ids = np.where(pos >= 0, self._table.values[pos], 0).astype("<u4")
+        self.found += int(np.count_nonzero(ids))
         sets = {int(i): tuple(sorted(self._sets.slots(i))) for i in self._sets.present(ids) if i}
         used = set().union(*sets.values()) if sets else set()
         return ids.tobytes(), sets, {s: self._holders[s].to_dict() for s in used}
@@ -191,12 +193,22 @@ class DirectoryShard:
         self._rebuilt = asyncio.get_running_loop().create_task(self._rebuild())
         # Keys, lookups and invalidations as Ray metrics, published locally once a second.
         self._metrics_task = asyncio.get_running_loop().create_task(publish_shard_metrics(self._impl))
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     def __repr__(self) -> str:
         # What and where only (the dashboard records it once); works when __init__ raised early.
         impl = self.__dict__.get("_impl")
         where = f"{impl.index}/{impl.num_shards}" if impl is not None else "?"
         return f"DirectoryShard({where}, namespace {self.__dict__.get('namespace')!r})"
+
+    def status_line(self) -> str:
+        """Live keys, holders and lookups, one line (logged every ``status_log_s``)."""
+        s = self._impl
+        return (
+            f"directory shard {s.index}/{s.num_shards}: {s.num_keys} keys, {len(s._holders)} holders; "
+            f"looked up {s.looked_up} keys, {s.found} found; registers {s.calls['register']}, "
+            f"invalidated {sum(s.invalidated.values())}"
+        )
 
     async def _ready(self) -> None:
         if not self._rebuilt.done():

@@ -130,3 +130,14 @@ def test_broken_cluster_yaml_is_rejected_with_the_schema_message(schema: dict[st
     del doc["provider"]
     with pytest.raises(jsonschema.ValidationError, match="'provider' is a required property"):
         jsonschema.validate(doc, schema)
+
+
+def test_serve_config_uses_the_clusters_fs_root() -> None:
+    """The engines' fs tier (serve_llm.yaml) writes where `raykv start` (raykv.yaml) put the fs root:
+    the shared mount of the cluster YAMLs."""
+    serve = yaml.safe_load((CONFIGS / "serve_llm.yaml").read_text())
+    cluster = yaml.safe_load((CONFIGS / "raykv.yaml").read_text())
+    fs_root = next(t["root"] for t in cluster["tiers"] if t["type"] == "fs")
+    for app in serve["applications"]:
+        roots = [t["root"] for t in app["args"]["raykv"]["tiers"] if t["type"] == "fs"]
+        assert roots == [fs_root], (app["name"], roots, fs_root)

@@ -9,12 +9,15 @@ A screenshot is kept under artifacts/dashboard/ (ignored by git).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import pytest
 import ray
+from ray.cluster_utils import Cluster
 
 import raykv
 from raykv import naming
@@ -50,16 +53,23 @@ def dashboard(tmp_path_factory):
     """A local Ray with its dashboard on 127.0.0.1 and raykv with an object_store and an fs tier."""
     if ray.is_initialized():
         ray.shutdown()
-    ctx = ray.init(address="local", num_cpus=1, object_store_memory=128 << 20, include_dashboard=True,
-                   dashboard_host="127.0.0.1", dashboard_port=_free_port(), log_to_driver=False)
+    # A head node like `ray start --head` makes, on ports of its own: the dashboard
+    # agent's default port (52365) may be taken by another Ray on this machine,
+    # and without its agent the dashboard cannot show an actor's logs.
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 128 << 20, "include_dashboard": True,
+        "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port(),
+    })
+    ctx = ray.init(address=cluster.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
     services = raykv.start({
-        "namespace": NS, "directory_shards": 2,
+        "namespace": NS, "directory_shards": 2, "status_log_s": 1.0,
         "tiers": [{"type": "object_store", "capacity_bytes": 8 << 20}, {"type": "fs", "root": root, "capacity_bytes": 0}],
     })
     yield f"http://{ctx.dashboard_url}", services, root
     services.shutdown()
     ray.shutdown()
+    cluster.shutdown()
 
 
 def _auth_token() -> str | None:
@@ -127,3 +137,113 @@ def test_actors_page_shows_raykv_actors_and_reprs(dashboard) -> None:
     assert "capacity unlimited" in " ".join(rows[naming.fs_actor(root)])
     for name in expected:  # a repr is recorded once, at start: it must hold no counts that change
         assert not any(f"{count}=" in " ".join(rows[name]) for count in ("blocks", "files", "keys", "holders", "rules")), rows[name]
+
+
+def _open_logged_in(page, url: str, ready) -> None:
+    """Open ``url``; type the cluster's token into the dashboard's dialog if it asks."""
+    page.goto(url)
+    token_box = page.get_by_role("textbox", name="Authentication Token")
+    token_box.or_(ready).first.wait_for(timeout=60_000)
+    if token_box.is_visible():
+        token = _auth_token()
+        assert token, "the dashboard asks for a token but the cluster has none"
+        token_box.fill(token)
+        page.get_by_role("button", name="Submit").click()
+    ready.wait_for(timeout=60_000)
+
+
+def _traffic(services, root: str) -> None:
+    """8 blocks stored into the object_store and fs tiers, looked up, 4 loaded back."""
+    import numpy as np
+
+    from raykv.client import TierDriver
+    from raykv.factory import TierFactory
+    from raykv.primary import PrimaryRegion
+
+    region = PrimaryRegion(16, 64 << 10)
+    region.array[:] = np.random.default_rng(0).integers(0, 256, region.array.shape, dtype=np.uint8)
+    try:
+        for cfg in ({"type": "object_store"}, {"type": "fs", "root": root, "fsync": False}):
+            tier = TierFactory.create_tier(cfg, region.view, services=services)
+            drv = TierDriver(tier)
+            keys = raykv.prefix_keys(list(range(16 * 8)), 16, salt=cfg["type"])
+            assert drv.store(keys, list(range(8))).success
+            assert drv.lookup(keys) == [raykv.LookupResult.HIT] * 8
+            assert drv.load(keys[:4], [8, 9, 10, 11]).success
+            tier.shutdown()
+    finally:
+        region.close()
+
+
+def _latest(text: str, prefix: str) -> str | None:
+    lines = [ln for ln in text.splitlines() if f"raykv status: {prefix}" in ln]
+    return lines[-1] if lines else None
+
+
+def _figure(line: str, pattern: str) -> int:
+    m = re.search(pattern, line)
+    assert m, (pattern, line)
+    return int(m.group(1))
+
+
+def test_actor_pages_show_live_figures_after_traffic(dashboard) -> None:
+    """After traffic, an actor's own page (its Logs) shows its live occupancy and
+    traffic (the status line it logs every ``status_log_s``), not the figures of its start."""
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    url, services, root = dashboard
+    _traffic(services, root)
+    node = ray.get_runtime_context().get_node_id()
+    pages = {  # actor name -> status line prefix
+        naming.object_store_actor(node): "object_store",
+        naming.directory_shard(0): "directory shard 0/2",
+        naming.fs_actor(root): "fs root",
+    }
+    seen: dict[str, str] = {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1800, "height": 1000})
+            for name, prefix in pages.items():
+                actor_id = ray.get_actor(name, namespace=NS)._actor_id.hex()
+                _open_logged_in(page, f"{url}/#/actors/{actor_id}", page.get_by_text(name, exact=True))
+                deadline = time.monotonic() + 60
+                while True:  # the Logs section shows the actor's stderr; wait for a line after the traffic
+                    page.wait_for_timeout(2000)
+                    body = page.inner_text("body")
+                    line = _latest(body, prefix)
+                    if line and _figure(line, r": (\d+) (?:blocks|keys|files)") > 0 or time.monotonic() > deadline:
+                        break
+                    page.reload()
+                if not line:
+                    page.screenshot(path=str(SHOT.with_name("no_status_line.png")), full_page=True)
+                assert line, f"no status line of {name} on its page: {body[-1500:]}"
+                seen[name] = line
+                if prefix == "object_store":
+                    page.screenshot(path=str(SHOT.with_name("object_store_actor.png")), full_page=True)
+        finally:
+            browser.close()
+    os_line = seen[naming.object_store_actor(node)]
+    assert _figure(os_line, r": (\d+) blocks") == 8, os_line
+    assert _figure(os_line, r"served (\d+)") >= 4, os_line
+    assert "512.0 KiB / 8.0 MiB" in os_line, os_line
+    shard_line = seen[naming.directory_shard(0)]
+    assert _figure(shard_line, r": (\d+) keys") > 0 and _figure(shard_line, r", (\d+) found") > 0, shard_line
+    assert _figure(seen[naming.fs_actor(root)], r": (\d+) files") == 8, seen[naming.fs_actor(root)]
+
+
+def test_grafana_provisioning_picks_up_raykv_dashboard(dashboard) -> None:
+    """raykv.start put the dashboard where Ray's Grafana provisioning (folder "Ray") loads dashboards."""
+    import json
+
+    import yaml
+
+    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    provider = yaml.safe_load((session / "metrics/grafana/provisioning/dashboards/default.yml").read_text())
+    folder = Path(provider["providers"][0]["options"]["path"])
+    shipped = json.loads((REPO / "cluster_configs" / "grafana_raykv.json").read_text())
+    assert json.loads((folder / "raykv_grafana_dashboard.json").read_text()) == shipped
+    # Its panels use the data source Ray provisions (a variable of type prometheus, default source).
+    ds = yaml.safe_load((session / "metrics/grafana/provisioning/datasources/default.yml").read_text())
+    assert ds["datasources"][0]["type"] == "prometheus" and ds["datasources"][0]["isDefault"]

@@ -22,13 +22,14 @@ from typing import Any
 
 import ray
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import SHARED, HolderInfo
 from raykv.metrics import ActorMetrics
 from raykv.events import HoldingsLog
 from raykv.identity import blocks_by_identity
 from raykv.tier_base import WatchableActor, settle
+from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
 
@@ -70,9 +71,15 @@ class _Metrics(ActorMetrics):
 class FsRootActor(WatchableActor):
     """Index, capacity and directory registration of one root's block files."""
 
-    def __init__(self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0) -> None:
+    def __init__(
+        self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0,
+        tenant_quotas: dict[str, int] | None = None,
+    ) -> None:
         self.root = root
         self.capacity = int(capacity_bytes)  # 0: unlimited
+        # Bytes per tenant, each tenant's LRU, quotas. Files carry no tenant: after a
+        # restart the scanned files belong to the default tenant.
+        self._tenants = TenantLRU(tenant_quotas)
         self.namespace = namespace
         self.storage = open_storage(root)
         self.storage.ensure_root()
@@ -92,6 +99,7 @@ class FsRootActor(WatchableActor):
         # Async actors run __init__ on their event loop: scanning and
         # registering happen in a task that every method waits for.
         self._started = asyncio.get_running_loop().create_task(self._start())
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     async def _start(self) -> None:
         # The namespace's services, found without blocking the event loop.
@@ -110,6 +118,7 @@ class FsRootActor(WatchableActor):
             if e.key not in self._index:
                 self._index[e.key] = e.size
                 self._bytes += e.size
+                self._tenants.add(e.key, DEFAULT_TENANT, e.size)
         evicted = self._evict()
         if evicted:
             await asyncio.to_thread(self.storage.delete, evicted)
@@ -131,21 +140,43 @@ class FsRootActor(WatchableActor):
         cap_text = "?" if cap is None else fmt_bytes(cap) if cap else "unlimited"
         return f"FsRoot({d.get('root', '?')}, capacity {cap_text})"
 
+    def status_line(self) -> str:
+        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
+        c = self.counters
+        cap = f"{fmt_bytes(self.capacity)} ({100 * self._bytes / self.capacity:.0f}%)" if self.capacity else "unlimited"
+        return (
+            f"fs root={self.root}: {len(self._index)} files, {fmt_bytes(self._bytes)} / {cap}; "
+            f"committed {c['committed']}, evicted {c['evicted']}, removed {c['removed']}, touches {c['touches']}"
+            f"{fmt_tenants(self._tenants.bytes_by_tenant())}"
+        )
+
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:
         self._metrics.publish(len(self._index), self._bytes, self.capacity, self.counters)
 
-    def _evict(self) -> list[bytes]:
+    def _evict(self, tenants: Sequence[str] = ()) -> list[bytes]:
+        """Evict to stay within capacity (and, for ``tenants`` committing now,
+        their quotas; ``raykv.tenants``). With quotas, another tenant's files
+        within its quota go only when no committing tenant is named (a restart's
+        scan, a smaller capacity)."""
         out: list[bytes] = []
-        if self.capacity <= 0:
-            return out
-        while self._bytes > self.capacity and self._index:
-            key, size = self._index.popitem(last=False)
-            self._bytes -= size
-            out.append(key)
+        quotas = bool(self._tenants.quotas)
+        for t in dict.fromkeys(tenants) if quotas else ():
+            while (victim := self._tenants.own_victim(t, 0)) is not None:
+                self._pop(victim, out)
+        while 0 < self.capacity < self._bytes and self._index:
+            victim = self._tenants.shared_victim(None) if quotas else None
+            if victim is None and quotas:
+                victim = next((v for t in dict.fromkeys(tenants) if (v := self._tenants.shared_victim(t))), None)
+            self._pop(victim if victim is not None else next(iter(self._index)), out)
         self.counters["evicted"] += len(out)
         self.log.append(True, out)
         return out
+
+    def _pop(self, key: bytes, out: list[bytes]) -> None:
+        self._bytes -= self._index.pop(key)
+        self._tenants.discard(key)
+        out.append(key)
 
     def _drop(self, keys: Sequence[bytes]) -> list[bytes]:
         dropped = []
@@ -153,6 +184,7 @@ class FsRootActor(WatchableActor):
             size = self._index.pop(k, None)
             if size is not None:
                 self._bytes -= size
+                self._tenants.discard(k)
                 dropped.append(k)
         self.log.append(True, dropped)
         return dropped
@@ -169,15 +201,17 @@ class FsRootActor(WatchableActor):
         return {"root": self.root, "capacity_bytes": self.capacity, "holder": self.info.to_dict()}
 
     async def commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """``_commit``, run to its end even if the calling engine dies mid-call
         (Ray cancels a dead caller's tasks; the index, the directory and the
         files must still agree)."""
-        return await asyncio.shield(self._commit(keys, sizes, verify))
+        return await asyncio.shield(self._commit(keys, sizes, verify, tenants))
 
     async def _commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = ()
+        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """Take ``keys`` (files written, or found present, by an engine) into the index.
 
@@ -197,9 +231,11 @@ class FsRootActor(WatchableActor):
         # From here to the first await the index and the directory calls change together.
         held = []
         new = []
-        for k, size in zip(keys, sizes):
+        owners = list(tenants) if tenants is not None else [DEFAULT_TENANT] * len(keys)
+        for k, size, tenant in zip(keys, sizes, owners):
             if k in missing:
                 continue
+            self._tenants.add(k, tenant, size)  # a held key keeps its first tenant
             old = self._index.get(k)
             if old is None:
                 self._bytes += size
@@ -211,7 +247,7 @@ class FsRootActor(WatchableActor):
                 self._index[k] = size
                 self._index.move_to_end(k)
             held.append(k)
-        evicted = self._evict()
+        evicted = self._evict(owners)
         gone = set(evicted)
         self.log.append(False, [k for k in new if k not in gone])
         refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
@@ -230,6 +266,7 @@ class FsRootActor(WatchableActor):
         for k in keys:
             if k in self._index:
                 self._index.move_to_end(k)
+        self._tenants.touch(keys)
 
     async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
         """``_remove``, run to its end even if the caller dies mid-call."""
@@ -302,6 +339,8 @@ class FsRootActor(WatchableActor):
             "files": len(self._index),
             "bytes": self._bytes,
             "capacity_bytes": self.capacity,
+            "tenant_bytes": self._tenants.bytes_by_tenant(),
+            "tenant_quotas": dict(self._tenants.quotas),
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
             "blocks_by_identity": blocks_by_identity(self._index),

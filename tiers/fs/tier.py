@@ -37,6 +37,7 @@ from raykv.directory.holders import SHARED, HolderInfo
 from raykv.keys import OffloadKey
 from raykv.errors import RaykvError, root_cause
 from raykv.identity import KVIdentity
+from raykv.tenants import check_quotas, tenant_of
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
@@ -84,6 +85,15 @@ class FsOptions:
     )
     control_timeout_s: float = opt(
         30.0, kind=float, min=0.1, max=86400.0, doc="longest wait for the root actor before a job fails"
+    )
+    tenant_quotas: dict = opt(
+        {},
+        kind=dict,
+        check=check_quotas,
+        doc="bytes of block files each tenant may keep under the root, each tenant with its own LRU: "
+        "{'tenant-a': 1073741824, '*': ...} ('*': every tenant not listed); a tenant over quota evicts its "
+        "own files first, never another tenant's within its quota. Tenant: kv_transfer_params['tenant'], "
+        "else cache_salt. Set when the root's actor starts",
     )
 
 
@@ -196,14 +206,17 @@ class _Controller:
             keys: list[bytes] = []
             sizes: list[int] = []
             verify: list[bytes] = []
+            tenants: list[str] = []
             for job in commits:
+                tenant = tenant_of(job.job.req_context)
                 for i in job.with_kind("written", "existing"):
                     kind, size = job.outcomes[i]
                     keys.append(job.keys[i])
                     sizes.append(size)
+                    tenants.append(tenant)
                     if kind == "existing":
                         verify.append(job.keys[i])
-            commit_ref = self._call(lambda: self.actor.commit.remote(keys, sizes, verify))
+            commit_ref = self._call(lambda: self.actor.commit.remote(keys, sizes, verify, tenants))
         if removes:
             by_reason: dict[str, list[bytes]] = {}
             for job, idx in removes:
@@ -294,7 +307,7 @@ class FsTier(DirectoryBackedTier):
             namespace=services.namespace,
             lifetime="detached",
             get_if_exists=True,
-        ).remote(root, options.capacity_bytes, services.namespace)
+        ).remote(root, options.capacity_bytes, services.namespace, tenant_quotas=dict(options.tenant_quotas))
         try:
             info = ray.get(actor.ready.remote(), timeout=300)
         except Exception as e:

@@ -36,7 +36,7 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raykv import naming
+from raykv import naming, status_log
 from raykv.directory.client import DirectoryClient
 from raykv.directory.holders import PLASMA, HolderInfo
 from raykv.metrics import ActorMetrics
@@ -44,6 +44,7 @@ from raykv.primary import MappedRegion, RegionHandle
 from raykv.events import HoldingsLog
 from raykv.identity import blocks_by_identity
 from raykv.tier_base import WatchableActor, settle
+from raykv.tenants import DEFAULT_TENANT, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.object_store import packing
 from tiers.object_store.packing import CapacityError, Pack, PackIndex
@@ -100,7 +101,7 @@ class ObjectStoreActor(WatchableActor):
         self.max_pack_bytes = int(settings.get("max_pack_bytes", 64 << 20))
         self.piece_bytes = int(settings.get("piece_bytes", packing.PIECE_BYTES))
         self.remote_timeout_s = float(settings.get("remote_timeout_s", 30.0))
-        self.index = PackIndex(self.requested_capacity)
+        self.index = PackIndex(self.requested_capacity, settings.get("tenant_quotas"))
         self.counters: Counter[str] = Counter()
         self.log = HoldingsLog()
         self._pack_ids = itertools.count()
@@ -116,6 +117,7 @@ class ObjectStoreActor(WatchableActor):
         # Async actors run __init__ on their event loop: announcing ourselves
         # happens in a task that every method waits for.
         self._started = asyncio.get_running_loop().create_task(self._start())
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     async def _start(self) -> None:
         control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
@@ -149,6 +151,17 @@ class ObjectStoreActor(WatchableActor):
         index = d.get("index")
         cap = index.capacity if index is not None else d.get("requested_capacity")
         return f"ObjectStore(node={str(d.get('node_id', '?'))[:12]}, capacity {fmt_bytes(cap) if cap is not None else '?'})"
+
+    def status_line(self) -> str:
+        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
+        c, used, cap = self.counters, self.index.used, self.index.capacity
+        return (
+            f"object_store node={self.node_id[:12]}: {len(self.index)} blocks in {self.index.num_packs} packs, "
+            f"{fmt_bytes(used)} / {fmt_bytes(cap)} ({100 * used / cap if cap else 0:.0f}%); "
+            f"stored {c['stored_blocks']}, evicted {c['evicted_blocks']}, served {c['hits']} "
+            f"(to other nodes {c['served_remote']}), load misses {c['misses']}"
+            f"{fmt_tenants(self.index.tenants.bytes_by_tenant())}"
+        )
 
     # -- helpers -----------------------------------------------------------
     def _publish(self) -> None:
@@ -231,17 +244,20 @@ class ObjectStoreActor(WatchableActor):
         }
 
     async def store(
-        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int]
+        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int],
+        tenant: str = DEFAULT_TENANT,
     ) -> dict[str, Any]:
         """``_store``, run to its end even when the caller dies mid-call: Ray
         cancels a dead caller's tasks, and a store cancelled between its index
         and directory updates would leave them disagreeing."""
-        return await asyncio.shield(self._store(job_id, region, keys, chunk_ids))
+        return await asyncio.shield(self._store(job_id, region, keys, chunk_ids, tenant))
 
     async def _store(
-        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int]
+        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int],
+        tenant: str = DEFAULT_TENANT,
     ) -> dict[str, Any]:
-        """Put the blocks of ``keys`` (at ``chunk_ids`` of ``region``) into plasma.
+        """Put the blocks of ``keys`` (at ``chunk_ids`` of ``region``) into plasma,
+        charged to ``tenant`` (``raykv.tenants``: quotas and per-tenant LRU).
 
         Keys already held are skipped (and touched). Returns ``stored`` and
         ``held`` counts, or ``error`` (nothing new is stored then).
@@ -275,7 +291,7 @@ class ObjectStoreActor(WatchableActor):
                 return {"stored": 0, "held": len(held), "bytes": 0, "evicted": 0}
             nbytes = len(new_keys) * bpc
             try:
-                evicted, dropped = self.index.evict_for(nbytes)
+                evicted, dropped = self.index.evict_for(nbytes, tenant)
             except CapacityError as e:
                 self.counters["store_too_big"] += 1
                 return {"error": f"store of {len(new_keys)} blocks {e}"}
@@ -288,6 +304,14 @@ class ObjectStoreActor(WatchableActor):
             unregister = self._directory.unregister(self.info.holder_id, evicted) if evicted else []
             self.counters["evicted_blocks"] += len(evicted)
             self.log.append(True, evicted)
+            if self.index.used + nbytes > self.index.capacity:  # tenant quotas protect what is left
+                self.counters["directory_errors"] += await settle(unregister)
+                self.counters["store_no_room"] += 1
+                self._publish()
+                return {
+                    "error": f"store of {len(new_keys)} blocks for tenant {tenant!r}: no room left without "
+                    "evicting other tenants' blocks within their quotas"
+                }
             lost = [k for k in held if k not in self.index]
             per_pack = max(1, self.max_pack_bytes // bpc)
             groups = [
@@ -295,7 +319,7 @@ class ObjectStoreActor(WatchableActor):
             ]
             try:
                 t_put = time.perf_counter()
-                packs = await self._run(self._put_packs, array, bpc, groups)
+                packs = await self._run(self._put_packs, array, bpc, groups, tenant)
                 self._durations.setdefault("put", deque(maxlen=64)).append(time.perf_counter() - t_put)
             except Exception as e:
                 await asyncio.gather(*unregister, return_exceptions=True)
@@ -330,13 +354,15 @@ class ObjectStoreActor(WatchableActor):
             out["error"] = f"{len(lost)} already-held keys of the job were evicted to make room for its new blocks"
         return out
 
-    def _put_packs(self, array: np.ndarray, bpc: int, groups: list[tuple[list[bytes], list[int]]]) -> list[Pack]:
+    def _put_packs(
+        self, array: np.ndarray, bpc: int, groups: list[tuple[list[bytes], list[int]]], tenant: str = DEFAULT_TENANT
+    ) -> list[Pack]:
         flat = array.reshape(-1)
         packs = []
         for keys, chunks in groups:
             plan = packing.plan_pieces(chunks, bpc, self.piece_bytes)
             ref = ray.put(packing.piece_views(flat, plan))
-            packs.append(Pack(next(self._pack_ids), ref, keys, bpc, packing.piece_ends(plan)))
+            packs.append(Pack(next(self._pack_ids), ref, keys, bpc, packing.piece_ends(plan), tenant))
         return packs
 
     async def load(
@@ -610,6 +636,8 @@ class ObjectStoreActor(WatchableActor):
             "requested_capacity_bytes": self.requested_capacity,
             "node_object_store_bytes": self.plasma_bytes,
             "evictions": self.index.evicted_keys,
+            "tenant_bytes": self.index.tenants.bytes_by_tenant(),
+            "tenant_quotas": dict(self.index.tenants.quotas),
             "evicted_packs": self.index.evicted_packs,
             "blocks_by_identity": blocks_by_identity(self.index.keys()),
             "hits": self.counters["hits"],

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from raykv.tenants import DEFAULT_TENANT, TenantLRU
 
 #: Largest buffer Ray copies into plasma with a plain (single-thread) memcpy.
 PIECE_BYTES = 1 << 20
@@ -98,6 +100,7 @@ class Pack:
     keys: list[bytes]
     block_bytes: int
     ends: list[int]
+    tenant: str = ""  # whom the blocks are charged to (tenant quotas)
     live: int = field(init=False)
     #: the directory registration of ``keys`` while in flight (the actor's
     #: asyncio future): an eviction waits for it before unregistering.
@@ -118,9 +121,10 @@ class CapacityError(ValueError):
 class PackIndex:
     """Keys -> (pack, position), LRU order, live keys per pack, bytes held."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, tenant_quotas: Mapping[str, int] | None = None) -> None:
         self.capacity = int(capacity_bytes)
         self.used = 0  # bytes of live packs (what plasma holds for us)
+        self.tenants = TenantLRU(tenant_quotas)  # bytes per tenant; victims under quotas
         self._keys: OrderedDict[bytes, tuple[Pack, int]] = OrderedDict()
         self._packs: dict[int, Pack] = {}
         self.evicted_keys = 0
@@ -141,33 +145,55 @@ class PackIndex:
 
     def touch(self, keys: Iterable[bytes]) -> int:
         n = 0
+        touched = []
         for k in keys:
             if k in self._keys:
                 self._keys.move_to_end(k)
+                touched.append(k)
                 n += 1
+        self.tenants.touch(touched)
         return n
 
-    def evict_for(self, nbytes: int) -> tuple[list[bytes], list[Pack]]:
+    def evict_for(self, nbytes: int, tenant: str = DEFAULT_TENANT) -> tuple[list[bytes], list[Pack]]:
         """Evict LRU packs until ``nbytes`` more fit; the evicted keys and the
         dropped packs (release their refs). Raises ``CapacityError`` when
-        ``nbytes`` exceeds the capacity itself (nothing is evicted then)."""
+        ``nbytes`` exceeds the capacity (or ``tenant``'s quota) itself; nothing
+        is evicted then.
+
+        With tenant quotas the victims follow ``raykv.tenants``: ``tenant``'s
+        own packs while it is over its quota, then packs of tenants with no
+        quota or over it, then its own. The result may leave no room (only
+        other tenants' blocks within their quotas are left): check ``used``.
+        """
         if nbytes > self.capacity:
             raise CapacityError(f"needs {nbytes} bytes but the capacity is {self.capacity} bytes")
+        quota = self.tenants.quota(tenant)
+        if quota is not None and nbytes > quota:
+            raise CapacityError(f"needs {nbytes} bytes but tenant {tenant!r} has a quota of {quota} bytes")
         keys: list[bytes] = []
         packs: list[Pack] = []
-        while self.used + nbytes > self.capacity and self._keys:
-            pack, _ = next(iter(self._keys.values()))
-            for k in pack.keys:
-                entry = self._keys.get(k)
-                if entry is not None and entry[0] is pack:
-                    del self._keys[k]
-                    keys.append(k)
-            pack.live = 0
-            self._drop(pack)
-            packs.append(pack)
+        if not self.tenants.quotas:
+            while self.used + nbytes > self.capacity and self._keys:
+                self._evict_pack(next(iter(self._keys.values()))[0], keys, packs)
+        else:
+            while (victim := self.tenants.own_victim(tenant, nbytes)) is not None:
+                self._evict_pack(self._keys[victim][0], keys, packs)
+            while self.used + nbytes > self.capacity and (victim := self.tenants.shared_victim(tenant)) is not None:
+                self._evict_pack(self._keys[victim][0], keys, packs)
         self.evicted_keys += len(keys)
         self.evicted_packs += len(packs)
         return keys, packs
+
+    def _evict_pack(self, pack: Pack, keys: list[bytes], packs: list[Pack]) -> None:
+        for k in pack.keys:
+            entry = self._keys.get(k)
+            if entry is not None and entry[0] is pack:
+                del self._keys[k]
+                self.tenants.discard(k)
+                keys.append(k)
+        pack.live = 0
+        self._drop(pack)
+        packs.append(pack)
 
     def remove(self, keys: Iterable[bytes]) -> tuple[list[bytes], list[Pack]]:
         """Forget single keys; a pack is dropped (and its bytes freed) when its
@@ -178,6 +204,7 @@ class PackIndex:
             entry = self._keys.pop(k, None)
             if entry is None:
                 continue
+            self.tenants.discard(k)
             removed.append(k)
             pack = entry[0]
             pack.live -= 1
@@ -199,6 +226,7 @@ class PackIndex:
         self.used += pack.nbytes
         for i, k in enumerate(pack.keys):
             self._keys[k] = (pack, i)
+            self.tenants.add(k, pack.tenant, pack.block_bytes)
 
     def keys(self) -> list[bytes]:
         return list(self._keys)

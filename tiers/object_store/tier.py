@@ -37,6 +37,7 @@ from raykv.errors import RaykvError
 from raykv.keys import OffloadKey
 from raykv.primary import RegionHandle, describe_region
 from raykv.identity import KVIdentity
+from raykv.tenants import check_quotas, tenant_of
 from raykv.tier_base import ActorLiveness, DirectoryBackedTier
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
@@ -91,6 +92,15 @@ class ObjectStoreOptions:
     job_timeout_s: float = opt(
         60.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
     )
+    tenant_quotas: dict = opt(
+        {},
+        kind=dict,
+        check=check_quotas,
+        doc="bytes each tenant may hold per node, each tenant with its own LRU: {'tenant-a': 1073741824, "
+        "'*': ...} ('*': every tenant not listed); a tenant over quota evicts its own blocks first, never "
+        "another tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. "
+        "Set when a node's actor starts",
+    )
 
     def actor_settings(self) -> dict[str, Any]:
         return {
@@ -99,6 +109,7 @@ class ObjectStoreOptions:
             "max_pack_bytes": self.max_pack_bytes,
             "piece_bytes": self.piece_bytes,
             "remote_timeout_s": max(0.1, self.job_timeout_s / 2),
+            "tenant_quotas": dict(self.tenant_quotas),
         }
 
 
@@ -196,7 +207,7 @@ class ObjectStoreTier(DirectoryBackedTier):
                 return
             timeout = self.options.job_timeout_s
             if kind == "store":
-                ref = self.actor.store.remote(job.job_id, self.region, keys, chunks)
+                ref = self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant_of(job.req_context))
             else:
                 # The copy must not land after we gave up on the job (the
                 # engine may reuse the slots): the actor checks this deadline.

@@ -82,12 +82,14 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     if cached is not None:
         return cached
     params = request_params(ctx.kv_transfer_params)  # a mapping or None, whatever the request sent
+    salt = getattr(ctx, "cache_salt", None)  # not on vLLM 0.32's ReqContext; used where a version has it
     positions = compat.request_key_positions(ctx)
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params,
         tenant=request_tenant_value(params.get("tenant")) if params else None,
         prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
+        cache_salt=str(salt) if salt is not None else None,
     )
     ctx.set_state(out)
     return out

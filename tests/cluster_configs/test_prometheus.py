@@ -1,0 +1,240 @@
+"""A real Prometheus evaluates every panel query of the raykv Grafana dashboard.
+
+Debian's ``prometheus`` scrapes a real two-node Ray cluster through the
+service-discovery file Ray's dashboard writes into the session directory
+(``prom_metrics_service_discovery.json``, one target per node's metrics port),
+traffic runs through raykv's object_store (on both nodes) and fs tiers, and
+each panel target of ``cluster_configs/grafana_raykv.json`` is sent to
+Prometheus's HTTP API (``/api/v1/query``), as Grafana would: each must return
+data. Skips only when no ``prometheus`` binary exists (``RAYKV_REQUIRE_PROMETHEUS``
+turns that into a failure; ``.ci/run`` installs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+import raykv
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "cluster_configs" / "grafana_raykv.json"
+NAMESPACE = "raykv-prometheus-test"
+BLOCK = 64 * 1024
+SD_FILE = "prom_metrics_service_discovery.json"
+
+
+def _prometheus_binary() -> str:
+    path = os.environ.get("RAYKV_PROMETHEUS") or shutil.which("prometheus")
+    if not path:
+        msg = "no prometheus binary (Debian: apt-get install -y prometheus)"
+        if os.environ.get("RAYKV_REQUIRE_PROMETHEUS"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _panel_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of every panel, rows included."""
+    out = []
+
+    def walk(items: list[dict[str, Any]]) -> None:
+        for p in items:
+            walk(p.get("panels", []))
+            out.extend((p["title"], t["expr"]) for t in p.get("targets", []))
+
+    walk(json.loads(DASHBOARD.read_text())["panels"])
+    return out
+
+
+@ray.remote(num_cpus=0)
+class Engine:
+    """An engine-side client of the object_store and fs tiers over its own primary region."""
+
+    def __init__(self, root: str) -> None:
+        from raykv.factory import TierFactory
+        from raykv.primary import PrimaryRegion
+
+        self.region = PrimaryRegion(32, BLOCK)
+        self.region.array[:] = np.random.default_rng(0).integers(0, 256, self.region.array.shape, dtype=np.uint8)
+        services = raykv.attach(NAMESPACE)
+        self.tiers = {
+            "object_store": TierFactory.create_tier({"type": "object_store"}, self.region.view, services=services),
+            "fs": TierFactory.create_tier(
+                {"type": "fs", "root": root, "capacity_bytes": 12 * (BLOCK + 4096), "fsync": False},
+                self.region.view, services=services,
+            ),
+        }
+
+    def run(self, tier: str, op: str, keys: list[bytes], slots: list[int]) -> Any:
+        from raykv.client import TierDriver
+
+        drv = TierDriver(self.tiers[tier])
+        if op == "lookup":
+            out: Any = [r.name for r in drv.lookup(keys)]
+        elif op == "store":
+            out = drv.store(keys, slots).success
+        else:
+            self.tiers[tier]._cache.invalidate(keys)  # ask the directory again, as a fresh engine would
+            drv.lookup(keys)
+            out = drv.load(keys, slots, timeout=30).success
+        self.tiers[tier].on_schedule_end()  # flush the engine-side metrics
+        return out
+
+    def close(self) -> None:
+        for tier in self.tiers.values():
+            tier.shutdown()
+        self.region.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two real Ray nodes, the head with its dashboard (which writes the service-discovery file)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": 128 << 20,
+            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(),
+            "_system_config": {"metrics_report_interval_ms": 500},
+        },
+    )
+    c.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=128 << 20)
+    ray.init(address=c.address, log_to_driver=False)
+    root = str(tmp_path_factory.mktemp("fs-root"))
+    services = raykv.start({
+        "namespace": NAMESPACE, "directory_shards": 2,
+        "tiers": [{"type": "object_store", "capacity_bytes": 12 * BLOCK}],
+    })
+    yield ray._private.worker.global_worker.node, root
+    services.shutdown()
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster, tmp_path_factory):
+    """Debian's prometheus scraping every Ray node once a second; yields its base URL."""
+    binary = _prometheus_binary()
+    node, _ = cluster
+    sd_file = Path(node.get_session_dir_path()) / SD_FILE
+    deadline = time.monotonic() + 30
+    while not sd_file.exists():
+        assert time.monotonic() < deadline, f"Ray wrote no {sd_file}"
+        time.sleep(0.5)
+    work = tmp_path_factory.mktemp("prometheus")
+    config = work / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n- job_name: ray\n  file_sd_configs:\n"
+        f"  - files: ['{sd_file}']\n    refresh_interval: 1s\n"
+    )
+    port = _free_port()
+    proc = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=open(work / "prometheus.log", "wb"), stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "prometheus not ready in 30 s"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _query(url: str, expr: str) -> list[dict[str, Any]]:
+    q = urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=10) as r:
+            body = json.load(r)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"prometheus refused {expr!r}: {e.read().decode()[:500]}") from e
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def _traffic(root: str) -> None:
+    """Hits, misses, failed loads, evictions, a cross-node pull and a corrupt file."""
+    a = Engine.options(resources={"node_a": 0.01}).remote(root)
+    b = Engine.options(resources={"node_b": 0.01}).remote(root)
+    try:
+        for tier in ("object_store", "fs"):
+            keys = raykv.prefix_keys(list(range(16 * 20)), 16, salt=tier)  # 20 blocks
+            assert ray.get(a.run.remote(tier, "store", keys[:8], list(range(8))))
+            assert ray.get(a.run.remote(tier, "lookup", keys[:10], [])) == ["HIT"] * 8 + ["MISS"] * 2
+            assert ray.get(a.run.remote(tier, "load", keys[:4], list(range(20, 24))))
+            assert ray.get(b.run.remote(tier, "load", keys[:4], list(range(20, 24))))  # object_store: a remote pull
+            assert not ray.get(a.run.remote(tier, "load", keys[18:20], [24, 25]))  # never stored: a failed job
+            assert ray.get(a.run.remote(tier, "store", keys[8:18], list(range(8, 18))))  # over capacity: evictions
+        from tiers.fs.storage import open_storage
+
+        # A corrupt block file: the load fails and the root actor drops the key.
+        keys = raykv.prefix_keys(list(range(16 * 20)), 16, salt="fs")
+        path = open_storage(root).path_of(keys[17])
+        with open(path, "r+b") as f:
+            f.seek(-16, os.SEEK_END)
+            f.write(b"\xff" * 16)
+        assert not ray.get(a.run.remote("fs", "load", keys[17:18], [26]))
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_every_dashboard_panel_returns_data_from_prometheus(cluster, prometheus) -> None:
+    node, root = cluster
+    _traffic(root)
+    session = node.session_name  # session_<date>_<pid>: only characters a regex takes literally
+    assert re.fullmatch(r"[\w-]+", session), session
+    queries = _panel_queries()
+    assert len(queries) >= 20
+    empty: list[str] = []
+    deadline = time.monotonic() + 90
+    while True:
+        empty = [f"{title}: {expr}" for title, expr in queries if not _query(prometheus, expr.replace("$session", session))]
+        if not empty or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert not empty, "panel queries with no data:\n" + "\n".join(empty)
+    # And the numbers are the traffic's, not zeros: stored bytes, hits, and a remote pull.
+    held = _query(prometheus, f'sum by (tier) (ray_raykv_tier_bytes{{SessionName=~"{session}"}})')
+    assert {r["metric"]["tier"] for r in held if float(r["value"][1]) > 0} == {"object_store", "fs"}
+    hits = _query(prometheus, f'sum by (tier) (ray_raykv_lookup_hits_total{{SessionName=~"{session}"}})')
+    assert {r["metric"]["tier"]: float(r["value"][1]) >= 8 for r in hits} == {"object_store": True, "fs": True}
+    remote = _query(prometheus, f'sum(ray_raykv_object_store_served_remote_blocks_total{{SessionName=~"{session}"}})')
+    assert float(remote[0]["value"][1]) >= 4
