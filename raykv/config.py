@@ -140,6 +140,14 @@ class RaykvConfig:
         min=1,
         doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
     )
+    holder_reconcile_s: float = opt(
+        5.0,
+        kind=float,
+        min=0.0,
+        max=3600.0,
+        doc="seconds between a tier actor's check that each directory shard lists exactly its keys "
+        "(one count per shard; a shard that differs twice in a row gets the full listing); 0 = off",
+    )
     status_log_s: float = opt(
         30.0,
         kind=float,

@@ -22,6 +22,7 @@ from raykv.contract import (
     SecondaryTier,
     TransferJob,
 )
+from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.holders import HolderInfo
 from raykv.identity import KVIdentity
 from raykv.jobs import JobTracker
@@ -325,3 +326,66 @@ class WatchableActor:
         """For a (re)started directory shard: our holder info and our keys of that shard."""
         info, keys = self.raykv_holdings()
         return info.to_dict(), [k for k in keys if shard_of(k, num_shards) == shard]
+
+    def start_reconciling(self, directory: Any, period_s: float) -> "asyncio.Task | None":
+        """Repair drift between this holder and the directory every ``period_s``.
+
+        The directory learns a holder's keys from its register / unregister
+        calls, a rebuild and a watch. Each can be lost without the holder
+        dying (a call failed while a shard restarted, a rebuild timed out, a
+        watch errored under load); the entries then stay wrong until the holder
+        restarts. So the holder compares its own key count per shard with the
+        shard's, and a shard that differs twice in a row (a single difference
+        may be calls in flight) gets the holder's full listing (``sync_holder``).
+        """
+        if period_s <= 0:
+            return None
+        return asyncio.get_running_loop().create_task(self._reconcile(directory, period_s))
+
+    async def _reconcile(self, directory: Any, period_s: float) -> None:
+        me = ray.get_runtime_context().current_actor
+        suspect: set[int] = set()
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self._reconcile_once(directory, me, suspect)
+            except Exception as e:  # best effort: try again next period
+                logger.debug("directory reconcile failed: %r", e)
+
+    async def _reconcile_once(self, directory: Any, me: Any, suspect: set[int]) -> int:
+        """One round; returns how many shards were sent a full listing."""
+        n = directory.num_shards
+        info, keys = self.raykv_holdings()
+        mine = _per_shard_counts(keys, n)
+        counts = await asyncio.gather(
+            *(s.holder_counts.remote(info.holder_id) for s in directory.shards), return_exceptions=True
+        )
+        repaired = 0
+        for i, listed in enumerate(counts):
+            if isinstance(listed, BaseException):
+                continue  # a restarting shard rebuilds from us anyway
+            if listed == mine[i]:
+                suspect.discard(i)
+                continue
+            if i not in suspect:
+                suspect.add(i)
+                continue
+            # Snapshot and send with no await in between: later register /
+            # unregister calls of ours reach the shard after this listing.
+            info, keys = self.raykv_holdings()
+            part = [k for k in keys if shard_of(k, n) == i]
+            ref = directory.shards[i].sync_holder.remote(info.to_dict(), me, to_blob(fingerprints(part)))
+            suspect.discard(i)
+            await ref
+            repaired += 1
+        return repaired
+
+
+def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:
+    """How many of ``keys`` each directory shard owns."""
+    from raykv.directory.client import shard_ids
+
+    ids = shard_ids(keys, num_shards) if keys else None
+    if ids is None:
+        ids = [shard_of(k, num_shards) for k in keys]
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=num_shards).tolist()

@@ -132,6 +132,19 @@ class DirectoryShardImpl:
         self._count[slot] += len(pos)
         return len(pos)
 
+    def sync_holder(self, holder_id: str, keys: bytes | Sequence[bytes]) -> tuple[int, int]:
+        """Make ``holder_id``'s keys here exactly ``keys`` (a holder repairing
+        drift): returns (keys added, keys removed)."""
+        want = distinct(from_blob(keys))
+        stale = np.setdiff1d(self.holder_fingerprints(holder_id), want, assume_unique=True)
+        removed = self.unregister(holder_id, stale) if len(stale) else 0
+        return self.register(holder_id, want), removed
+
+    def holder_count(self, holder_id: str) -> int | None:
+        """Keys listed for ``holder_id`` (None: the holder is not known here)."""
+        slot = self._slot_of.get(holder_id)
+        return None if slot is None else self._count.get(slot, 0)
+
     def unregister(self, holder_id: str, keys: bytes | Sequence[bytes]) -> int:
         slot = self._slot_of.get(holder_id)
         if slot is None:
@@ -293,6 +306,26 @@ class DirectoryShard:
         await self._ready()
         self._impl.calls["unregister"] += 1
         return self._impl.unregister(holder_id, keys)
+
+    async def holder_counts(self, holder_id: str) -> int | None:
+        """Keys listed for ``holder_id`` here (None: unknown holder): holders compare it with their own."""
+        await self._ready()
+        return self._impl.holder_count(holder_id)
+
+    async def sync_holder(self, info: dict[str, Any], handle: Any, keys: bytes | list[bytes]) -> tuple[int, int]:
+        """A live holder's full listing for this shard: (re)watch it and make its
+        keys here exactly ``keys``. Repairs drift (a watch that failed although
+        the holder lives, a rebuild that could not reach it, a lost call)."""
+        await self._ready()
+        self._impl.calls["sync_holder"] += 1
+        holder = HolderInfo.from_dict(info)
+        if self._impl.holder_count(holder.holder_id) is None or holder.holder_id not in self._watches:
+            self._watch_holder(holder, handle)
+        added, removed = self._impl.sync_holder(holder.holder_id, keys)
+        if added or removed:
+            logger.warning("directory shard %d: holder %s was out of sync (+%d / -%d keys); repaired",
+                           self._impl.index, holder.holder_id, added, removed)
+        return added, removed
 
     async def lookup(self, keys: bytes | list[bytes]) -> LookupReply:
         await self._ready()

@@ -203,11 +203,12 @@ def _traffic(root: str) -> None:
             assert ray.get(b.run.remote(tier, "load", keys[:4], list(range(20, 24))))  # object_store: a remote pull
             assert not ray.get(a.run.remote(tier, "load", keys[18:20], [24, 25]))  # never stored: a failed job
             assert ray.get(a.run.remote(tier, "store", keys[8:18], list(range(8, 18))))  # over capacity: evictions
+        from raykv.identity import scoped_keys
         from tiers.fs.storage import open_storage
 
         # A corrupt block file: the load fails and the root actor drops the key.
         keys = raykv.prefix_keys(list(range(16 * 20)), 16, salt="fs")
-        path = open_storage(root).path_of(keys[17])
+        path = open_storage(root).path_of(scoped_keys(keys[17:18])[0])  # stored under the default identity
         with open(path, "r+b") as f:
             f.seek(-16, os.SEEK_END)
             f.write(b"\xff" * 16)

@@ -110,6 +110,7 @@ class FsRootActor(WatchableActor):
             for i in range(config["directory_shards"])
         ]
         self._directory = DirectoryClient(shards)
+        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
         me = ray.get_runtime_context().current_actor
         await settle([*self._directory.add_holder(self.info, me), self._control.add_holder.remote(self.info.to_dict())])
         t0 = time.monotonic()

@@ -127,6 +127,7 @@ class ObjectStoreActor(WatchableActor):
             for i in range(config["directory_shards"])
         ]
         self._directory = DirectoryClient(shards)
+        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
         # Cap the capacity to what this node's plasma can hold without spilling.
         plasma = await asyncio.to_thread(_node_object_store_bytes, self.node_id)
         if plasma and self.requested_capacity > self.max_fraction * plasma:
