@@ -42,12 +42,17 @@ def _wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") ->
         time.sleep(0.1)
 
 
+_FS_ROOT: list[str] = []  # the module's fs root (set by the fixture)
+
+
 def _held(nodes: list[str]) -> dict[str, set[bytes]]:
-    """Every object store actor's keys, by node."""
+    """Every tier actor's keys: each node's object store, and the fs root."""
     out = {}
     for node in nodes:
         actor = ray.get_actor(naming.object_store_actor(node), namespace=NAMESPACE)
         out[node] = set(ray.get(actor.keys.remote()))
+    fs = ray.get_actor(naming.fs_actor(_FS_ROOT[0]), namespace=NAMESPACE)
+    out["fs"] = set(ray.get(fs.keys.remote()))
     return out
 
 
@@ -59,8 +64,11 @@ def cluster(two_node_raykv, tiny_model, tmp_path_factory) -> dict[str, Any]:
     model_a = str(shutil.copytree(tiny_model, models / "model-a"))
     model_b = str(shutil.copytree(tiny_model, models / "model-b"))
     reseed_weights(model_b, seed=4321)
+    root = str(tmp_path_factory.mktemp("identity-fs") / "kv")
+    _FS_ROOT[:] = [root]
     cfg = raykv_kv_transfer_config(
-        {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB}]},
+        {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB},
+                                           {"type": "fs", "root": root}]},
         cpu_bytes=64 * (128 << 10),
     )
     return {"services": services, "nodes": nodes, "model_a": model_a, "model_b": model_b, "cfg": cfg}
