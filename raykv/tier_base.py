@@ -325,7 +325,7 @@ class WatchableActor:
     async def raykv_resync(self, shard: int, num_shards: int) -> tuple[dict[str, Any], list[bytes]]:
         """For a (re)started directory shard: our holder info and our keys of that shard."""
         info, keys = self.raykv_holdings()
-        return info.to_dict(), [k for k in keys if shard_of(k, num_shards) == shard]
+        return info.to_dict(), _keys_of_shard(keys, shard, num_shards)
 
     def start_reconciling(self, directory: Any, period_s: float) -> "asyncio.Task | None":
         """Repair drift between this holder and the directory every ``period_s``.
@@ -373,12 +373,17 @@ class WatchableActor:
             # Snapshot and send with no await in between: later register /
             # unregister calls of ours reach the shard after this listing.
             info, keys = self.raykv_holdings()
-            part = [k for k in keys if shard_of(k, n) == i]
+            part = _keys_of_shard(keys, i, n)
             ref = directory.shards[i].sync_holder.remote(info.to_dict(), me, to_blob(fingerprints(part)))
             suspect.discard(i)
             await ref
             repaired += 1
         return repaired
+
+
+def _keys_of_shard(keys: list[bytes], shard: int, num_shards: int) -> list[bytes]:
+    """The ones of ``keys`` that directory shard ``shard`` owns."""
+    return [k for k in keys if shard_of(k, num_shards) == shard]
 
 
 def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,33 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     from raykv.models.tiny import MODEL_NAME, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / MODEL_NAME)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """A function that returns a TCP port free on 127.0.0.1 right now."""
+    return _free_port
+
+
+def _system_binary(names: tuple[str, ...], override_env: str, require_env: str, hint: str) -> str:
+    path = os.environ.get(override_env) or next(filter(None, map(shutil.which, names)), None)
+    if not path:
+        msg = f"no {names[0]} ({hint})"
+        if os.environ.get(require_env):
+            pytest.fail(msg)  # CI installs it: its absence is a failure, not a skip
+        pytest.skip(msg)
+    return path
+
+
+@pytest.fixture(scope="session")
+def system_binary() -> Callable[..., str]:
+    """``system_binary(names, override_env, require_env, hint)``: the path of an
+    installed program (``override_env`` first, then ``names`` on PATH); the test
+    skips without it, or fails when ``require_env`` is set."""
+    return _system_binary

@@ -38,14 +38,6 @@ CLUSTER = "raykv-launch-test"
 OBJECT_STORE = 1 << 30
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sh(cmd: list[str], cwd: Path, timeout: float, log: list[str]) -> str:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -124,7 +116,7 @@ def _complete(port: int, tokens: list[int]) -> int:
     return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
 
-def test_ray_up_onprem_yaml_on_localhost(tmp_path) -> None:
+def test_ray_up_onprem_yaml_on_localhost(tmp_path, free_port) -> None:
     problem = missing_prerequisites()
     if problem:
         pytest.skip(problem)
@@ -132,7 +124,7 @@ def test_ray_up_onprem_yaml_on_localhost(tmp_path) -> None:
     host = LaunchHost(tmp_path)
     fs_root = str(host.home / "raykv-kv")  # where no NFS server exists: a local directory
     shutil.rmtree(fs_root, ignore_errors=True)  # blocks of an earlier run would answer the first prompt
-    ports = {k: _free_port() for k in ("gcs", "metrics", "dashboard", "agent", "agent_grpc", "serve")}
+    ports = {k: free_port() for k in ("gcs", "metrics", "dashboard", "agent", "agent_grpc", "serve")}
     # Ray finds "its" cluster by scanning running GCS processes: with other Rays on this
     # machine, name ours (a machine of the cluster runs only one).
     from ray.util import get_node_ip_address

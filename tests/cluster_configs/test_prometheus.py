@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -36,22 +34,6 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "cluster_configs" / "grafana_r
 NAMESPACE = "raykv-prometheus-test"
 BLOCK = 64 * 1024
 SD_FILE = "prom_metrics_service_discovery.json"
-
-
-def _prometheus_binary() -> str:
-    path = os.environ.get("RAYKV_PROMETHEUS") or shutil.which("prometheus")
-    if not path:
-        msg = "no prometheus binary (Debian: apt-get install -y prometheus)"
-        if os.environ.get("RAYKV_REQUIRE_PROMETHEUS"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _panel_queries() -> list[tuple[str, str]]:
@@ -108,7 +90,7 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, free_port):
     """Two real Ray nodes, the head with its dashboard (which writes the service-discovery file)."""
     if ray.is_initialized():
         ray.shutdown()
@@ -116,7 +98,7 @@ def cluster(tmp_path_factory):
         initialize_head=True,
         head_node_args={
             "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": 128 << 20,
-            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(),
+            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
             "_system_config": {"metrics_report_interval_ms": 500},
         },
     )
@@ -134,9 +116,10 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prometheus(cluster, tmp_path_factory):
+def prometheus(cluster, tmp_path_factory, free_port, system_binary):
     """Debian's prometheus scraping every Ray node once a second; yields its base URL."""
-    binary = _prometheus_binary()
+    binary = system_binary(("prometheus",), "RAYKV_PROMETHEUS", "RAYKV_REQUIRE_PROMETHEUS",
+                           "Debian: apt-get install -y prometheus")
     node, _ = cluster
     sd_file = Path(node.get_session_dir_path()) / SD_FILE
     deadline = time.monotonic() + 30
@@ -150,7 +133,7 @@ def prometheus(cluster, tmp_path_factory):
         "scrape_configs:\n- job_name: ray\n  file_sd_configs:\n"
         f"  - files: ['{sd_file}']\n    refresh_interval: 1s\n"
     )
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
          f"--web.listen-address=127.0.0.1:{port}"],

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -32,24 +30,14 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _chromium() -> str:
-    path = os.environ.get("RAYKV_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        msg = "no chromium (Debian: apt-get install -y chromium)"
-        if os.environ.get("RAYKV_REQUIRE_BROWSER"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture(scope="session")
+def chromium(system_binary) -> str:
+    return system_binary(("chromium", "chromium-browser"), "RAYKV_CHROMIUM", "RAYKV_REQUIRE_BROWSER",
+                         "Debian: apt-get install -y chromium")
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory):
+def dashboard(tmp_path_factory, free_port):
     """A local Ray with its dashboard on 127.0.0.1 and raykv with an object_store and an fs tier."""
     if ray.is_initialized():
         ray.shutdown()
@@ -58,7 +46,7 @@ def dashboard(tmp_path_factory):
     # and without its agent the dashboard cannot show an actor's logs.
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "object_store_memory": 128 << 20, "include_dashboard": True,
-        "dashboard_host": "127.0.0.1", "dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port(),
+        "dashboard_host": "127.0.0.1", "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port(),
     })
     ctx = ray.init(address=cluster.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
@@ -80,8 +68,7 @@ def _auth_token() -> str | None:
     return loader.get_raw_token(ignore_auth_mode=True) if loader.has_token(ignore_auth_mode=True) else None
 
 
-def test_actors_page_shows_raykv_actors_and_reprs(dashboard) -> None:
-    chromium = _chromium()
+def test_actors_page_shows_raykv_actors_and_reprs(dashboard, chromium) -> None:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -186,10 +173,9 @@ def _figure(line: str, pattern: str) -> int:
     return int(m.group(1))
 
 
-def test_actor_pages_show_live_figures_after_traffic(dashboard) -> None:
+def test_actor_pages_show_live_figures_after_traffic(dashboard, chromium) -> None:
     """After traffic, an actor's own page (its Logs) shows its live occupancy and
     traffic (the status line it logs every ``status_log_s``), not the figures of its start."""
-    chromium = _chromium()
     from playwright.sync_api import sync_playwright
 
     url, services, root = dashboard
