@@ -17,7 +17,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-vllm-matrix install clean
+.PHONY: demo test lint test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The formatter and linter configured in pyproject.toml ([tool.ruff]).
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
 test-vllm-matrix: $(STAMP029) $(STAMP033)

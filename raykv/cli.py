@@ -85,7 +85,7 @@ def cmd_vllm_config(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from raykv.demo import run_demo
+    from raykv.demo.run import run_demo
 
     return run_demo(args)
 

@@ -11,10 +11,12 @@ import ray
 from raykv import grafana, naming
 from raykv.identity import KVIdentity
 from raykv.config import RaykvConfig
-from raykv.directory.client import DirectoryClient, LookupCache, PolicyCache
-from raykv.directory.control import ControlActor
+from raykv.directory.client import DirectoryClient, LookupCache
+from raykv.policy import PolicyCache
+from raykv.control import ControlActor
 from raykv.directory.shard import DirectoryShard
 from raykv.errors import RaykvError
+from raykv.placement import LoadPlanner
 from raykv.validate import ArgumentError
 
 logger = logging.getLogger(__name__)
@@ -40,11 +42,11 @@ def ensure_ray(address: str | None = None) -> None:
 
 
 def _namespace_problem(namespace: Any) -> str | None:
-    from raykv.config import _check_namespace
+    from raykv.config import check_namespace
 
     if not isinstance(namespace, str):
         return f"must be str, got {type(namespace).__name__}"
-    return _check_namespace(namespace)
+    return check_namespace(namespace)
 
 
 def _session_key(namespace: str) -> tuple[str, str]:
@@ -77,6 +79,8 @@ class RaykvServices:
         )
         self._policy: PolicyCache | None = None
         self._identities_sent: set[bytes] = set()
+        #: Which tier of this process loads which holder's blocks (``raykv.placement``).
+        self.planner = LoadPlanner(self.node_id())
 
     @property
     def policy(self) -> PolicyCache:

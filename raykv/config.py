@@ -104,17 +104,23 @@ def describe_options(schema: type) -> list[tuple[str, str, Any, str]]:
     return out
 
 
-def _check_namespace(value: str) -> str | None:
+def check_namespace(value: str) -> str | None:
+    """What is wrong with a Ray namespace name (None: nothing)."""
     if not value or not all(c.isalnum() or c in "-_." for c in value):
         return "must be non-empty letters, digits, '-', '_' or '.'"
     return None
+
+
+def namespace_option() -> Any:
+    """A tier's ``namespace`` option (the raykv services it attaches to)."""
+    return opt("raykv", kind=str, check=check_namespace, doc="Ray namespace of raykv (when no services are given)")
 
 
 @dataclass
 class RaykvConfig:
     """Cluster-wide raykv settings (what `raykv start` and `raykv.attach` use)."""
 
-    namespace: str = opt("raykv", kind=str, check=_check_namespace, doc="Ray namespace of the raykv actors")
+    namespace: str = opt("raykv", kind=str, check=check_namespace, doc="Ray namespace of the raykv actors")
     directory_shards: int = opt(
         2, kind=int, min=1, max=1024, warn_above=64, doc="number of directory shard actors"
     )

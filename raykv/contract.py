@@ -113,9 +113,28 @@ class TierEvent:
 class SecondaryTier(ABC):
     """A secondary KV tier as seen from an engine's scheduler process.
 
-    Every method is called from the scheduler thread and must not block on
-    I/O: submits hand work to another thread or process, and completions come
-    back through ``get_finished_jobs``.
+    Threading: every method is called from the engine's scheduler thread (on
+    vLLM >= 0.33 some also from its tier-poll thread, under the tiering
+    manager's lock: never two at once). None may block on I/O: submits hand
+    work to another thread or process, and completions come back through
+    ``get_finished_jobs``. ``drain_jobs`` and ``shutdown`` are the only calls
+    that may wait.
+
+    Keys: ``OffloadKey`` bytes (block hash + 4-byte group index) as the
+    engine names them; a tier scopes them with the engine's KV identity
+    (``scope``) before they leave the process, so engines of different models
+    or layouts never meet.
+
+    Slots: a job's ``chunk_ids`` index the first axis of ``primary_kv_view``
+    (``num_chunks`` rows of ``block_size_bytes``). The engine does not touch a
+    job's slots until the job's result is out of ``get_finished_jobs``, and
+    may reuse them at once after that: a tier must never write a slot after
+    reporting the job.
+
+    Results: every submitted job ends in exactly one ``JobResult`` (success,
+    or failure with ``error`` and, for loads, the ``successful_keys`` that did
+    load), however it ends: errors, dead actors, timeouts and ``shutdown``
+    included. A job that never reports is a hang.
     """
 
     #: "plasma" (node-local memory) or "shared" (shared storage).
@@ -138,45 +157,77 @@ class SecondaryTier(ABC):
         self.identity: KVIdentity = KVIdentity.from_dict(identity) if identity is not None else DEFAULT_IDENTITY
         self.key_tag: bytes = self.identity.tag
 
+    @property
+    def primary_kv_view(self) -> memoryview:
+        """The engine's primary region, ``(num_chunks, block_size_bytes)``."""
+        return self._primary_kv_view
+
     def scope(self, key: bytes) -> bytes:
         """The identity-scoped key raykv stores for the engine's ``key``."""
         return self.key_tag + key
 
     @abstractmethod
-    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult: ...
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        """Whether this tier can load ``key`` for ``req_context``'s request.
+
+        Never blocks: an answer that needs the network returns ``RETRY`` and
+        is asked again next step. ``HIT`` is a promise the tier expects to
+        keep, not a guarantee: a load of a key whose block vanished since
+        fails that key (``successful_keys``) and the engine recomputes it.
+        A malformed key is a ``MISS``, never an exception.
+        """
 
     @abstractmethod
-    def submit_store(self, job: TransferJob) -> None: ...
+    def submit_store(self, job: TransferJob) -> None:
+        """Start copying ``job.keys`` from primary slots ``job.chunk_ids`` into the tier.
+
+        Returns at once; never raises (a bad job becomes a failed result).
+        Keys the tier already holds count as stored. Success means every key
+        is readable by later lookups and loads, from any engine of the same
+        identity the tier reaches.
+        """
 
     @abstractmethod
-    def submit_load(self, job: TransferJob) -> None: ...
+    def submit_load(self, job: TransferJob) -> None:
+        """Start copying ``job.keys`` from the tier into primary slots ``job.chunk_ids``.
+
+        Returns at once; never raises. Keys succeed or fail one by one: a
+        partial load reports ``success=False`` with the keys that did load in
+        ``successful_keys``; their slots hold exactly the stored bytes.
+        """
 
     @abstractmethod
-    def get_finished_jobs(self) -> Iterable[JobResult]: ...
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        """Results of jobs finished since the last call (each job once); never blocks."""
 
     @abstractmethod
-    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext: ...
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        """The offload policy this tier wants for a new request (from memory: no remote call)."""
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         """Release per-request state; jobs may still be in flight."""
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Mark keys as recently used for eviction."""
+        """Mark keys as recently used for eviction (best effort, never blocks)."""
 
     def on_schedule_end(self) -> None:
         """Once per scheduler step: flush batched work (e.g. directory lookups)."""
 
     def has_pending_work(self) -> bool:
-        """Whether the engine should keep stepping to let this tier progress."""
+        """Whether the engine should keep stepping to let this tier progress
+        (jobs in flight, lookups awaiting an answer)."""
         return False
 
     @abstractmethod
     def drain_jobs(self) -> None:
-        """Block until every submitted job has a result queued."""
+        """Block until every submitted job has a result queued (jobs that
+        cannot finish in time are failed, never dropped)."""
 
     def take_events(self) -> list["TierEvent"]:
-        """Stored / removed blocks of this engine's identity since the last call."""
+        """Stored / removed blocks of this engine's identity since the last
+        call (the engine's own, unscoped keys); never blocks."""
         return []
 
     def shutdown(self) -> None:
-        """Release threads and connections."""
+        """Release threads and connections; in-flight jobs end in failed
+        results. Blocks held by tier actors outlive the engine."""

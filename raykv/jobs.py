@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection
+from typing import Protocol
 
 from raykv.contract import JobResult, TransferJob
 from raykv.keys import OffloadKey
@@ -81,6 +82,30 @@ class JobTracker:
 
 
 #: Bounded labels for why a job failed (a metrics tag), first match wins.
+class JobAccounting(Protocol):
+    """Where a ``MeteredJobTracker`` accounts finished jobs."""
+
+    def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None: ...
+
+
+class MeteredJobTracker(JobTracker):
+    """A ``JobTracker`` that accounts every finished job in ``metrics`` (a ``raykv.metrics.recorders.TierMetrics``)."""
+
+    def __init__(self, metrics: JobAccounting, block_bytes: int) -> None:
+        super().__init__()
+        self.metrics = metrics
+        self.block_bytes = block_bytes
+
+    def finish(self, result: JobResult) -> bool:
+        with self._cond:  # a re-entrant lock: the job is still pending here
+            job = self._pending.get(result.job_id)
+            accepted = super().finish(result)
+        if accepted and job is not None:
+            self.metrics.job_finished(job, result, self.block_bytes)
+        return accepted
+
+
+
 _REASONS = (
     ("timed out", "timeout"),
     ("drain timeout", "timeout"),

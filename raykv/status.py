@@ -84,7 +84,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     control = ray.get(services.control.stats.remote(), timeout=timeout)
     series: list[tuple[str, dict[str, str], float]] = []
     if metrics:
-        from raykv.metrics import scrape_cluster
+        from raykv.metrics.scrape import scrape_cluster
 
         series = scrape_cluster(timeout=min(timeout, 3.0))
     rates = engine_hit_rates(series)

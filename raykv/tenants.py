@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from raykv.contract import ReqContext
-from raykv.policy import request_tenant
+from raykv.policy.rules import request_tenant
 
 DEFAULT_TENANT = ""
 EVERY_TENANT = "*"
@@ -52,6 +52,21 @@ def check_quotas(value: Any) -> str | None:
             return f"the quota of tenant {tenant!r} must be an int >= 1 (bytes); got {quota!r}"
     return None
 
+
+
+def tenant_quotas_option(held: str, where: str) -> Any:
+    """A tier's ``tenant_quotas`` option: ``held`` names what a quota counts
+    (e.g. "bytes of block files under the root"), ``where`` when it applies."""
+    from raykv.config import opt
+
+    return opt(
+        {},
+        kind=dict,
+        check=check_quotas,
+        doc=f"{held} each tenant may keep, each tenant with its own LRU: {{'tenant-a': 1073741824, '*': ...}} "
+        "('*': every tenant not listed); a tenant over quota evicts its own blocks first, never another "
+        f"tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. {where}",
+    )
 
 def fmt_tenants(by_tenant: Mapping[str, int]) -> str:
     """``; tenants a 1.0 MiB, (none) 2.0 MiB`` for status lines ('' when no tenant but the default holds bytes)."""

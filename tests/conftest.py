@@ -80,7 +80,7 @@ def vllm_env() -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+    from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / MODEL_NAME)
 

@@ -259,7 +259,7 @@ def _engine_class() -> Any:
 
         def load(self, keys: list[bytes], chunks: list[int], expect: list[bytes]) -> tuple[float, bool]:
             """Seconds of a load job of ``keys`` (looked up first, untimed)."""
-            from raykv.client import TierDriver
+            from raykv.tier_driver import TierDriver
 
             self.tier.lookup_blocking(keys)
             t0 = time.perf_counter()
@@ -364,7 +364,7 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
     import ray
 
     import raykv
-    from raykv.client import TierDriver
+    from raykv.tier_driver import TierDriver
     from raykv.factory import TierFactory
     from raykv.primary import PrimaryRegion
 

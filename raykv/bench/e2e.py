@@ -2,7 +2,7 @@
 
 One replica per simulated node of an embedded Ray (``ray.cluster_utils.Cluster``),
 each with a small engine KV cache, serves the same multi-turn shared-prefix
-trace (``raykv.workload``) under each configuration:
+trace (``raykv.demo.workload``) under each configuration:
 
 - ``no_offload``: vLLM's own prefix cache only;
 - ``cpu_offload``: plus vLLM's per-replica CPU offload (what each replica remembers);
@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 from raykv.bench.common import machine, percentile, table, target, targets_table
-from raykv.integrations.vllm.replica import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
-from raykv.workload import build_trace, model_len_for, oracle_hit_tokens
+from raykv.demo.replicas import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
+from raykv.demo.workload import build_trace, model_len_for, oracle_hit_tokens
 
 HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no offload, CPU offload, vLLM fs, raykv"
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     import raykv
     from raykv.integrations.vllm import require_vllm
-    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+    from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
 
     require_vllm()
     if args.quick:
@@ -150,7 +150,7 @@ def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
     next replica, where the whole prefix comes from raykv (cross-node)."""
     import ray
 
-    from raykv.models.tiny import make_prompt_tokens
+    from raykv.demo.tiny_model import make_prompt_tokens
 
     cold, hit, cached = [], [], []
     for i in range(rounds):

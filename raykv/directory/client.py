@@ -5,7 +5,6 @@
 - ``LookupCache``: per-key answers for tiers' ``lookup``; unknown keys return
   RETRY, are sent in one batch at ``flush`` (end of the scheduler step) and
   resolved by the next step.
-- ``PolicyCache``: the policy rules, refreshed by a background long poll.
 """
 
 from __future__ import annotations
@@ -15,98 +14,17 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import ray
 
-from raykv.contract import ReqContext, RequestOffloadingContext
 from raykv.directory.fingerprint import fingerprints, to_blob
-from raykv.directory.holders import HolderInfo, preference
+from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.keys import shard_of, validate_keys
-from raykv.policy import PolicyRule, decide
 from raykv.validate import ArgumentError, timeout_arg
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class PrefixHit:
-    """How many leading keys the cluster holds, and the best holder of each."""
-
-    num_keys: int
-    holders: list[HolderInfo]
-
-
-def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixHit:
-    """The leading run of keys with holders, each with its preferred holder.
-
-    Per-key work runs in C (``list.index``, ``map``): the answer lists of a
-    lookup are shared between keys with the same holders, so the preferred
-    holder is chosen once per distinct list.
-    """
-    found = found if isinstance(found, list) else list(found)
-    try:
-        lead = found[: found.index([])]  # up to the first key nobody holds
-    except ValueError:
-        lead = found
-    distinct = dict(zip(map(id, lead), lead))
-    best_of = {
-        i: hs[0] if len(hs) == 1 else min(hs, key=lambda h: preference(h, node_id)) for i, hs in distinct.items()
-    }
-    return PrefixHit(len(lead), list(map(best_of.__getitem__, map(id, lead))))
-
-
-#: The answer for keys nobody holds (shared: answers are read-only).
-_NOBODY: list[HolderInfo] = []
-
-
-def _holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Shard replies -> (per key a code, per code its holder list); code 0: nobody.
-
-    ``parts``: (positions of the reply's keys, or None for all keys in order,
-    reply). Codes number each shard's holder sets after the previous shards'.
-    """
-    by_code: list[list[HolderInfo]] = [_NOBODY]
-    if len(parts) == 1 and parts[0][0] is None:
-        codes = np.frombuffer(parts[0][1][0], dtype="<u4")
-    else:
-        codes = np.zeros(n, dtype=np.int64)
-    for positions, (blob, sets, table) in parts:
-        ids = np.frombuffer(blob, dtype="<u4")
-        holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
-        lut = np.zeros(max(sets, default=0) + 1, dtype=np.int64)
-        for i, slots in sets.items():
-            lut[i] = len(by_code)
-            by_code.append([holders[s] for s in slots])
-        if positions is None:
-            codes = lut[ids]
-        else:
-            codes[positions] = lut[ids]
-    table_arr = np.empty(len(by_code), dtype=object)
-    for i, hs in enumerate(by_code):
-        table_arr[i] = hs
-    return codes, table_arr
-
-
-def decode_reply(reply: Any) -> list[list[HolderInfo]]:
-    """One shard's lookup reply -> per key its holders (lists shared between
-    keys with the same holders: read-only)."""
-    codes, by_code = _holder_codes([(None, reply)], 0)
-    return by_code[codes].tolist()
-
-
-def prefix_from_codes(codes: np.ndarray, by_code: np.ndarray, node_id: str | None) -> PrefixHit:
-    """``prefix_of`` over coded answers: numpy per key, Python per distinct holder set."""
-    nobody = np.flatnonzero(codes == 0)
-    lead = int(nobody[0]) if len(nobody) else len(codes)
-    head = codes[:lead]
-    best = np.empty(len(by_code), dtype=object)
-    for c in np.flatnonzero(np.bincount(head, minlength=len(by_code))) if lead else ():
-        hs = by_code[c]
-        best[c] = hs[0] if len(hs) == 1 else min(hs, key=lambda h: preference(h, node_id))
-    return PrefixHit(lead, best[head].tolist())
 
 
 def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
@@ -147,10 +65,21 @@ class PendingLookup:
         share one list: treat the lists as read-only."""
         return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
 
+    async def result_async(self, timeout: float | None = None) -> list[list[HolderInfo]]:
+        """``result`` awaited on an event loop (holder actors): never blocks it."""
+        import asyncio
+
+        replies = await asyncio.wait_for(asyncio.gather(*(ref for _, ref in self.parts)), timeout)
+        return self.decode(replies)
+
+    def refs(self) -> list[ray.ObjectRef]:
+        """The in-flight shard calls."""
+        return [ref for _, ref in self.parts]
+
     def _codes(self, replies: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
         if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
-            return _holder_codes([(None, replies[0])], len(self.keys))  # one shard had every key, in order
-        return _holder_codes([(pos, r) for (pos, _), r in zip(self.parts, replies)], len(self.keys))
+            return holder_codes([(None, replies[0])], len(self.keys))  # one shard had every key, in order
+        return holder_codes([(pos, r) for (pos, _), r in zip(self.parts, replies)], len(self.keys))
 
     def decode(self, replies: Sequence[Any]) -> list[list[HolderInfo]]:
         """Per key its holders, from the shards' replies (in ``parts`` order)."""
@@ -401,7 +330,7 @@ class LookupCache:
             logger.warning("directory lookup failed to send: %r", e)
             self._answer(unknown, [[] for _ in unknown])
             return True
-        refs = [ref for _, ref in pending.parts]
+        refs = pending.refs()
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
         if len(ready) == len(refs):
             try:
@@ -455,53 +384,3 @@ class LookupCache:
                     self._answers[k] = (cached[0], rest)
                 else:
                     self._answers.pop(k, None)
-
-
-class PolicyCache:
-    """The namespace's policy rules, kept fresh by a background long poll.
-
-    ``decide`` answers from memory: no directory call per request.
-    """
-
-    def __init__(self, control: Any, refresh_s: float = 5.0) -> None:
-        self._control = control
-        self.refresh_s = refresh_s
-        self.version = -1
-        self.rules: list[PolicyRule] = []
-        self._changed = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="raykv-policy-refresh", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                version, raw = ray.get(
-                    self._control.wait_rules.remote(self.version, self.refresh_s),
-                    timeout=self.refresh_s + 30,
-                )
-                if version != self.version:
-                    rules = [PolicyRule.from_dict(r) for r in raw]
-                    with self._changed:
-                        self.version, self.rules = version, rules
-                        self._changed.notify_all()
-            except Exception as e:
-                if self._stop.is_set() or not ray.is_initialized():
-                    return
-                logger.debug("policy refresh failed: %r", e)
-                self._stop.wait(min(self.refresh_s, 1.0))
-
-    def decide(self, tier_type: str, req: ReqContext) -> RequestOffloadingContext:
-        return decide(self.rules, tier_type, req)
-
-    def wait_version(self, version: int, timeout: float = 10.0) -> bool:
-        """Block until the cache holds rules of at least ``version`` (tests, tools)."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self.version >= version, timeout)
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Stop the long poll and wait for its thread: a thread still inside a
-        Ray call when the process runs ``ray.shutdown()`` can crash it."""
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)

@@ -27,19 +27,14 @@ import ray
 from raykv import naming, status_log
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import FingerprintTable
-from raykv.directory.holders import HolderInfo
+from raykv.placement import HolderInfo, LookupReply
 from raykv.directory.holdersets import HolderSets
-from raykv.metrics import publish_shard_metrics
+from raykv.metrics.recorders import publish_shard_metrics
 
 logger = logging.getLogger(__name__)
 
 #: Longest wait for the control actor or one holder while a shard rebuilds.
 REBUILD_TIMEOUT_S = 3.0
-
-
-#: What a shard's ``lookup`` answers: per key a holder-set id (uint32 blob),
-#: the slots of each set id used, and the holders of those slots.
-LookupReply = tuple[bytes, dict[int, tuple[int, ...]], dict[int, dict[str, Any]]]
 
 
 def distinct(fps: np.ndarray) -> np.ndarray:
@@ -162,7 +157,7 @@ class DirectoryShardImpl:
 
     def lookup(self, keys: bytes | Sequence[bytes]) -> LookupReply:
         """Per key a holder-set id (0: nobody) as a uint32 blob, each id's slots,
-        and the slots' holders (``client.decode_reply`` turns it into holders)."""
+        and the slots' holders (``placement.decode_reply`` turns it into holders)."""
         fps = from_blob(keys)
         self.looked_up += len(fps)
         pos = self._table.find(fps)
@@ -179,6 +174,15 @@ class DirectoryShardImpl:
             return np.zeros(0, dtype=np.uint64)
         table = self._table
         return table.flat_fps[np.isin(table.values, self._sets.containing(slot))].copy()
+
+    def figures(self) -> dict[str, Any]:
+        """What the shard's metrics publish: key, holder and lookup counts, invalidations by reason."""
+        return {
+            "num_keys": self.num_keys,
+            "num_holders": len(self._holders),
+            "looked_up": self.looked_up,
+            "invalidated": dict(self.invalidated),
+        }
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -205,7 +209,7 @@ class DirectoryShard:
         # that every method waits for (``_ready``); it never raises.
         self._rebuilt = asyncio.get_running_loop().create_task(self._rebuild())
         # Keys, lookups and invalidations as Ray metrics, published locally once a second.
-        self._metrics_task = asyncio.get_running_loop().create_task(publish_shard_metrics(self._impl))
+        self._metrics_task = asyncio.get_running_loop().create_task(publish_shard_metrics(index, self._impl.figures))
         self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
     def __repr__(self) -> str:

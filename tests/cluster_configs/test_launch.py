@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raykv.models.tiny import build_tiny_model, make_prompt_tokens
+from raykv.demo.tiny_model import build_tiny_model, make_prompt_tokens
 
 sys.path.insert(0, os.path.dirname(__file__))
 from launch_host import RAY_TMPDIR, USER, LaunchHost, missing_prerequisites  # noqa: E402

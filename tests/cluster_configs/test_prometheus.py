@@ -69,7 +69,7 @@ class Engine:
         }
 
     def run(self, tier: str, op: str, keys: list[bytes], slots: list[int]) -> Any:
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         drv = TierDriver(self.tiers[tier])
         if op == "lookup":

@@ -143,7 +143,7 @@ def _traffic(services, root: str) -> None:
     """8 blocks stored into the object_store and fs tiers, looked up, 4 loaded back."""
     import numpy as np
 
-    from raykv.client import TierDriver
+    from raykv.tier_driver import TierDriver
     from raykv.factory import TierFactory
     from raykv.primary import PrimaryRegion
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import ray
 
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
@@ -37,7 +37,7 @@ def _run(tier, kind: str, keys: list, chunks: list, timeout: float = 20.0):
     job = TransferJob(next(_ids), keys, np.asarray(chunks, dtype=np.int64), kind == "load", ReqContext("bad"))
     (tier.submit_load if kind == "load" else tier.submit_store)(job)
     drv = TierDriver(tier)
-    res = drv._wait(job.job_id, timeout)
+    res = drv.wait(job.job_id, timeout)
     tier.on_schedule_end()
     assert not [r for r in tier.get_finished_jobs() if r.job_id == job.job_id], "reported twice"
     return res
@@ -463,7 +463,7 @@ def test_api_arguments_are_named_not_coerced(raykv_services):
             # A job whose chunk ids are floats, built by hand, fails as a job (never a slot 0 or 1).
             job = TransferJob(next(_ids), good, np.array([0.7, 1.2]), False, ReqContext("bad"))
             tier.submit_store(job)
-            res = drv._wait(job.job_id, 20.0)
+            res = drv.wait(job.job_id, 20.0)
             assert not res.success and "chunk ids must be ints" in res.error, res.error
             assert tier.lookup_blocking(good) == [LookupResult.MISS] * 2
         finally:
@@ -551,7 +551,7 @@ def _actor_classes() -> dict[str, type]:
 
     import raykv
     import tiers
-    from raykv.integrations.vllm.replica import EngineReplica
+    from raykv.demo.replicas import EngineReplica
 
     found: dict[str, type] = {"EngineReplica": EngineReplica}
     for pkg in (raykv, tiers):

@@ -91,7 +91,7 @@ class Engine:
 
     def store(self, prefixes: list[int]) -> bool:
         """Store whole prefixes in every tier (set-up)."""
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         keys = [k for i in prefixes for k in harness.request_keys(i)]
         for j, k in enumerate(keys):
@@ -299,7 +299,7 @@ def test_engine_killed_during_store(cluster, delay_s):
 
 def _load_and_check(self, keys: list[bytes]) -> int:
     """Inside an Engine: load ``keys`` (from whichever tier holds them) and verify."""
-    from raykv.client import TierDriver
+    from raykv.tier_driver import TierDriver
     from raykv.contract import LookupResult
 
     good = 0

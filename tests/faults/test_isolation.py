@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from raykv.identity import scoped_keys
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory

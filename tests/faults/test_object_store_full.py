@@ -17,7 +17,7 @@ import ray
 
 import raykv
 from raykv.identity import scoped_keys
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys

@@ -12,7 +12,7 @@ import ray
 from nbclient import NotebookClient
 
 import raykv
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion

@@ -11,7 +11,7 @@ import time
 import ray
 
 import raykv
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.factory import TierFactory
 from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys

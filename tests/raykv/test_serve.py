@@ -14,7 +14,7 @@ import ray
 import requests
 
 from raykv import naming
-from raykv.models.tiny import make_prompt_tokens
+from raykv.demo.tiny_model import make_prompt_tokens
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 import ray
 
 import raykv
-from raykv import metrics
-from raykv.client import TierDriver
+from raykv.metrics import scrape
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
@@ -86,7 +86,7 @@ def filled(tmp_path_factory):
     # Wait until the node's metrics port shows the engines' lookups (exported every 0.5 s).
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        got = metrics.sum_series(metrics.scrape_cluster(), "ray_raykv_lookups_total", "tier")
+        got = scrape.sum_series(scrape.scrape_cluster(), "ray_raykv_lookups_total", "tier")
         if all(got.get(t) == totals[t]["raykv_lookups"] for t in totals):
             break
         time.sleep(0.5)

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 import raykv
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory

@@ -22,13 +22,9 @@ from typing import Any
 
 import ray
 
-from raykv import naming, status_log
-from raykv.directory.client import DirectoryClient
-from raykv.directory.holders import SHARED, HolderInfo
-from raykv.metrics import ActorMetrics
-from raykv.events import HoldingsLog
-from raykv.identity import blocks_by_identity
-from raykv.tier_base import WatchableActor, settle
+from raykv import naming
+from raykv.placement import SHARED, HolderInfo
+from raykv.holder_actor import HolderActor
 from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
@@ -40,79 +36,48 @@ REGISTER_BATCH = 20_000
 
 def holder_info(root: str, namespace: str) -> HolderInfo:
     """The directory holder of a (canonical) root."""
-    return HolderInfo(
-        holder_id=f"fs:{naming.root_digest(root)}",
-        tier_type="fs",
-        medium=SHARED,
-        actor_name=naming.fs_actor(root),
-        namespace=namespace,
-        node_id=None,
-    )
+    return HolderInfo(f"fs:{naming.root_digest(root)}", "fs", SHARED, naming.fs_actor(root), namespace, None)
 
 
-class _Metrics(ActorMetrics):
-    """Occupancy of the root as raykv's tier metrics (``raykv_tier_*``; tier fs, node "shared")."""
-
-    COUNTERS = {
-        "committed": "raykv_tier_stored_blocks",
-        "evicted": "raykv_tier_evicted_blocks",
-        "removed": "raykv_tier_removed_blocks",
-    }
-
-    def __init__(self, holder_id: str, root: str) -> None:
-        super().__init__("fs", None, holder_id, self.COUNTERS)
-        self.root = root
-
-    def publish(self, files: int, nbytes: int, capacity: int, counters: dict[str, int]) -> None:
-        self.record(files, nbytes, capacity, counters)
+#: The actor's counters exported as raykv's tier metrics (tier fs, node "shared").
+METRIC_COUNTERS = {
+    "committed": "raykv_tier_stored_blocks",
+    "evicted": "raykv_tier_evicted_blocks",
+    "removed": "raykv_tier_removed_blocks",
+}
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)
-class FsRootActor(WatchableActor):
+class FsRootActor(HolderActor):
     """Index, capacity and directory registration of one root's block files."""
+
+    #: Block files outlive the actor: a restart scans and re-registers them.
+    BLOCKS_DIE_WITH_ACTOR = False
 
     def __init__(
         self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0,
         tenant_quotas: dict[str, int] | None = None,
     ) -> None:
+        super().__init__(holder_info(root, namespace), namespace, METRIC_COUNTERS)
         self.root = root
         self.capacity = int(capacity_bytes)  # 0: unlimited
+        self.requested_capacity = self.capacity
         # Bytes per tenant, each tenant's LRU, quotas. Files carry no tenant: after a
         # restart the scanned files belong to the default tenant.
         self._tenants = TenantLRU(tenant_quotas)
-        self.namespace = namespace
         self.storage = open_storage(root)
         self.storage.ensure_root()
-        self.info = holder_info(root, namespace)
         self._index: OrderedDict[bytes, int] = OrderedDict()
         self._bytes = 0
-        self.counters = {"commits": 0, "committed": 0, "evicted": 0, "removed": 0, "invalidated": 0, "touches": 0,
-                         "directory_errors": 0}
+        self.counters.update(dict.fromkeys(
+            ("commits", "committed", "evicted", "removed", "invalidated", "touches", "directory_errors"), 0
+        ))
         self.removed_reasons: dict[str, int] = {}
-        self.log = HoldingsLog()
-        self.started_at = time.time()
-        self._metrics = _Metrics(self.info.holder_id, root)
-
         self.scanned = 0
         self._tmp_max_age_s = tmp_max_age_s
-        self._directory: DirectoryClient | None = None
-        # Async actors run __init__ on their event loop: scanning and
-        # registering happen in a task that every method waits for.
-        self._started = asyncio.get_running_loop().create_task(self._start())
-        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
-    async def _start(self) -> None:
-        # The namespace's services, found without blocking the event loop.
-        self._control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
-        config = await self._control.config.remote()
-        shards = [
-            ray.get_actor(naming.directory_shard(i), namespace=self.namespace)
-            for i in range(config["directory_shards"])
-        ]
-        self._directory = DirectoryClient(shards)
-        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
-        me = ray.get_runtime_context().current_actor
-        await settle([*self._directory.add_holder(self.info, me), self._control.add_holder.remote(self.info.to_dict())])
+    async def recover(self) -> None:
+        """Scan the root and register every block file found (oldest first in LRU)."""
         t0 = time.monotonic()
         entries = await asyncio.to_thread(self.storage.scan, self._tmp_max_age_s)
         for e in sorted(entries, key=lambda e: e.mtime):  # oldest first: mtime stands in for last use
@@ -125,9 +90,8 @@ class FsRootActor(WatchableActor):
             await asyncio.to_thread(self.storage.delete, evicted)
         keys = list(self._index)
         for i in range(0, len(keys), REGISTER_BATCH):
-            await settle(self._directory.register(self.info.holder_id, keys[i : i + REGISTER_BATCH]))
+            await self._register(keys[i : i + REGISTER_BATCH])
         self.scanned = len(entries)
-        self._publish()
         logger.info(
             "fs root %s: found %d block files (%s) in %.2fs, evicted %d over capacity",
             self.root, len(entries), fmt_bytes(self._bytes), time.monotonic() - t0, len(evicted),
@@ -142,7 +106,6 @@ class FsRootActor(WatchableActor):
         return f"FsRoot({d.get('root', '?')}, capacity {cap_text})"
 
     def status_line(self) -> str:
-        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
         c = self.counters
         cap = f"{fmt_bytes(self.capacity)} ({100 * self._bytes / self.capacity:.0f}%)" if self.capacity else "unlimited"
         return (
@@ -151,9 +114,16 @@ class FsRootActor(WatchableActor):
             f"{fmt_tenants(self._tenants.bytes_by_tenant())}"
         )
 
+    def held_keys(self) -> list[bytes]:
+        return list(self._index)
+
+    def occupancy(self) -> tuple[int, int, int]:
+        return len(self._index), self._bytes, self.capacity
+
+    def describe(self) -> dict[str, Any]:
+        return {"root": self.root, "capacity_bytes": self.capacity, "requested_capacity_bytes": self.requested_capacity}
+
     # -- helpers -----------------------------------------------------------
-    def _publish(self) -> None:
-        self._metrics.publish(len(self._index), self._bytes, self.capacity, self.counters)
 
     def _evict(self, tenants: Sequence[str] = ()) -> list[bytes]:
         """Evict to stay within capacity (and, for ``tenants`` committing now,
@@ -197,10 +167,6 @@ class FsRootActor(WatchableActor):
             await asyncio.to_thread(self.storage.delete, keys)
 
     # -- API -----------------------------------------------------------------
-    async def ready(self) -> dict[str, Any]:
-        await self._started
-        return {"root": self.root, "capacity_bytes": self.capacity, "holder": self.info.to_dict()}
-
     async def commit(
         self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
         tenants: Sequence[str] | None = None,
@@ -251,10 +217,7 @@ class FsRootActor(WatchableActor):
         evicted = self._evict(owners)
         gone = set(evicted)
         self.log.append(False, [k for k in new if k not in gone])
-        refs = self._directory.register(self.info.holder_id, [k for k in held if k not in gone])
-        if evicted:
-            refs += self._directory.unregister(self.info.holder_id, evicted)
-        self.counters["directory_errors"] += await settle(refs)
+        await asyncio.gather(self._register([k for k in held if k not in gone]), self._unregister(evicted))
         if evicted:  # after the directory stopped pointing at them
             await self._delete_files(evicted)
         self._publish()
@@ -289,7 +252,7 @@ class FsRootActor(WatchableActor):
         dropped = self._drop(keys)
         self.counters["removed"] += len(dropped)
         self.removed_reasons[reason] = self.removed_reasons.get(reason, 0) + len(keys)
-        self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, keys))
+        await self._unregister(keys)
         if reason != "missing":
             await self._delete_files(keys)
         self._publish()
@@ -300,7 +263,7 @@ class FsRootActor(WatchableActor):
         self.capacity = int(capacity_bytes)
         evicted = self._evict()
         if evicted:
-            self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, evicted))
+            await self._unregister(evicted)
             await self._delete_files(evicted)
         self._publish()
         return evicted
@@ -314,29 +277,14 @@ class FsRootActor(WatchableActor):
         dropped = self._drop(keys)
         self.counters["invalidated"] += len(dropped)
         self.removed_reasons["invalidated"] = self.removed_reasons.get("invalidated", 0) + len(dropped)
-        self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, dropped))
+        await self._unregister(dropped)
         await self._delete_files(dropped)
         self._publish()
         return len(dropped)
 
-    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
-        """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.events``)."""
-        await self._started
-        return self.log.read(since, tag, lambda: list(self._index))
-
-    async def keys(self) -> list[bytes]:
-        """Held keys, least recently used first (tools and tests)."""
-        await self._started
-        return list(self._index)
-
-    def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
-        return self.info, list(self._index)
-
-    async def stats(self) -> dict[str, Any]:
-        await self._started
+    def tier_stats(self) -> dict[str, Any]:
         return {
             "root": self.root,
-            "holder_id": self.info.holder_id,
             "files": len(self._index),
             "bytes": self._bytes,
             "capacity_bytes": self.capacity,
@@ -344,6 +292,5 @@ class FsRootActor(WatchableActor):
             "tenant_quotas": dict(self._tenants.quotas),
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
-            "blocks_by_identity": blocks_by_identity(self._index),
             **self.counters,
         }

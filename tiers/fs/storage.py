@@ -125,16 +125,32 @@ class Storage(ABC):
         """Read and verify ``key``'s block into ``payload``; returns bytes read."""
 
     @abstractmethod
+    def remove_file(self, path: str) -> None:
+        """Delete one file (``FileNotFoundError`` when it is not there)."""
+
     def delete(self, keys: Iterable[bytes]) -> int:
         """Delete the keys' files (missing ones are fine); count deleted."""
+        n = 0
+        for key in keys:
+            try:
+                self.remove_file(self.path_of(key))
+                n += 1
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                logger.warning("cannot delete block file of %s: %r", key.hex()[:16], e)
+        return n
 
     @abstractmethod
     def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
         """Every block file under the root (stale temp files are removed)."""
 
-    @abstractmethod
     def delete_path(self, path: str) -> None:
         """Delete one file by path (scan clean-up); errors are ignored."""
+        try:
+            self.remove_file(path)
+        except OSError:
+            pass
 
     @abstractmethod
     def read_key(self, path: str) -> bytes:
@@ -246,17 +262,8 @@ class LocalStorage(Storage):
         fmt.verify(memoryview(head)[: min(n, hlen)], key, payload, n)
         return n
 
-    def delete(self, keys: Iterable[bytes]) -> int:
-        n = 0
-        for key in keys:
-            try:
-                os.unlink(self.path_of(key))
-                n += 1
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                logger.warning("cannot delete block file of %s: %r", key.hex()[:16], e)
-        return n
+    def remove_file(self, path: str) -> None:
+        os.unlink(path)
 
     def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
         out: list[FileEntry] = []
@@ -284,12 +291,6 @@ class LocalStorage(Storage):
     def read_key(self, path: str) -> bytes:
         with open(path, "rb") as f:
             return fmt.decode_header(f.read(fmt.FIXED_SIZE + fmt.MAX_KEY_BYTES)).key
-
-    def delete_path(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def _subdirs(path: str, wanted: Callable[[str], bool]) -> list[str]:
@@ -332,6 +333,15 @@ def _fsync_dir(d: str) -> None:
         os.close(fd)
 
 
+def _advance(views: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``views`` (what one vectored call moved)."""
+    while views and n >= len(views[0]):
+        n -= len(views[0])
+        views.pop(0)
+    if views and n:
+        views[0] = views[0][n:]
+
+
 def _pwritev_all(fd: int, bufs: list) -> None:
     views = [memoryview(b).cast("B") for b in bufs]
     offset = 0
@@ -340,11 +350,7 @@ def _pwritev_all(fd: int, bufs: list) -> None:
         if n <= 0:
             raise OSError(f"pwritev wrote {n} bytes")
         offset += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _advance(views, n)
 
 
 def _preadv_all(fd: int, bufs: list) -> int:
@@ -356,11 +362,7 @@ def _preadv_all(fd: int, bufs: list) -> int:
         if n == 0:
             break
         total += n
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
+        _advance(views, n)
     return total
 
 
@@ -461,23 +463,8 @@ class ArrowStorage(Storage):
         fmt.verify(head, key, payload, size)
         return size
 
-    def delete(self, keys: Iterable[bytes]) -> int:
-        n = 0
-        for key in keys:
-            try:
-                self.fs.delete_file(self.path_of(key))
-                n += 1
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                logger.warning("cannot delete block file of %s: %r", key.hex()[:16], e)
-        return n
-
-    def delete_path(self, path: str) -> None:
-        try:
-            self.fs.delete_file(path)
-        except OSError:
-            pass
+    def remove_file(self, path: str) -> None:
+        self.fs.delete_file(path)
 
     def read_key(self, path: str) -> bytes:
         with self.fs.open_input_file(path) as f:

@@ -31,14 +31,14 @@ import ray
 
 from raykv import naming
 from raykv.cluster import RaykvServices
-from raykv.config import ConfigError, opt
+from raykv.config import ConfigError, namespace_option, opt
 from raykv.contract import ReqContext, TransferJob
-from raykv.directory.holders import SHARED, HolderInfo
+from raykv.placement import SHARED, HolderInfo
 from raykv.keys import OffloadKey
-from raykv.errors import RaykvError, root_cause
 from raykv.identity import KVIdentity
-from raykv.tenants import check_quotas, tenant_of
-from raykv.tier_base import ActorLiveness, DirectoryBackedTier
+from raykv.tenants import tenant_of, tenant_quotas_option
+from raykv.actor_tier import DirectoryBackedTier
+from raykv.polling import ActorLiveness
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
 from tiers.fs import format as fmt
@@ -52,11 +52,6 @@ GiB = 1024**3
 _COMMIT_REFUSED = "fs root actor failed"
 
 
-def _check_namespace(value: str) -> str | None:
-    if not value or not all(c.isalnum() or c in "-_." for c in value):
-        return "must be non-empty letters, digits, '-', '_' or '.'"
-    return None
-
 
 @dataclass
 class FsOptions:
@@ -65,7 +60,7 @@ class FsOptions:
         check=check_root,
         doc="shared storage root: an absolute path (NFS/Lustre/EFS mount) or a pyarrow.fs URI (s3://bucket/prefix)",
     )
-    namespace: str = opt("raykv", kind=str, check=_check_namespace, doc="Ray namespace of raykv (when no services are given)")
+    namespace: str = namespace_option()
     capacity_bytes: int = opt(
         64 * GiB,
         kind=int,
@@ -86,15 +81,7 @@ class FsOptions:
     control_timeout_s: float = opt(
         30.0, kind=float, min=0.1, max=86400.0, doc="longest wait for the root actor before a job fails"
     )
-    tenant_quotas: dict = opt(
-        {},
-        kind=dict,
-        check=check_quotas,
-        doc="bytes of block files each tenant may keep under the root, each tenant with its own LRU: "
-        "{'tenant-a': 1073741824, '*': ...} ('*': every tenant not listed); a tenant over quota evicts its "
-        "own files first, never another tenant's within its quota. Tenant: kv_transfer_params['tenant'], "
-        "else cache_salt. Set when the root's actor starts",
-    )
+    tenant_quotas: dict = tenant_quotas_option("bytes of block files under the root", "Set when the root's actor starts")
 
 
 class _Job:
@@ -308,20 +295,12 @@ class FsTier(DirectoryBackedTier):
             lifetime="detached",
             get_if_exists=True,
         ).remote(root, options.capacity_bytes, services.namespace, tenant_quotas=dict(options.tenant_quotas))
-        try:
-            info = ray.get(actor.ready.remote(), timeout=300)
-        except Exception as e:
-            raise RaykvError(f"fs tier root {root!r}: the root actor did not start: {root_cause(e)}") from e
-        if info["capacity_bytes"] != options.capacity_bytes:
-            logger.warning(
-                "fs root %s already runs with capacity_bytes=%d; keeping it (asked for %d)",
-                root, info["capacity_bytes"], options.capacity_bytes,
-            )
+        cls.start_holder_actor(actor, f"fs tier root {root!r}: the root actor", options.capacity_bytes, timeout=300)
         return actor
 
     # -- contract ------------------------------------------------------------
-    def serves(self, holders: list[HolderInfo]) -> bool:
-        return self._control.alive and any(h.holder_id == self.holder_id for h in holders)
+    def can_load(self, holder: HolderInfo) -> bool:
+        return holder.holder_id == self.holder_id and self._control.alive
 
     def poll_jobs(self) -> None:
         """Nothing to poll: I/O threads and the control thread finish jobs."""
@@ -471,6 +450,7 @@ class FsTier(DirectoryBackedTier):
         if self._closed:
             return
         self._closed = True
+        self.leave_planner()
         self._pool.shutdown(wait=True)  # queued tasks are cancelled into failed results
         self._slots = np.empty((0, 0), np.uint8)  # let go of the primary region
         self._control.close()

@@ -28,7 +28,7 @@ import itertools
 import logging
 import os
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,14 +36,11 @@ import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raykv import naming, status_log
-from raykv.directory.client import DirectoryClient
-from raykv.directory.holders import PLASMA, HolderInfo
-from raykv.metrics import ActorMetrics
+from raykv import naming
+from raykv import placement
+from raykv.placement import PLASMA, HolderInfo
 from raykv.primary import MappedRegion, RegionHandle
-from raykv.events import HoldingsLog
-from raykv.identity import blocks_by_identity
-from raykv.tier_base import WatchableActor, settle
+from raykv.holder_actor import HolderActor
 from raykv.tenants import DEFAULT_TENANT, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.object_store import packing
@@ -60,75 +57,49 @@ PARALLEL_COPY_BYTES = 4 << 20
 
 def holder_info(node_id: str, namespace: str) -> HolderInfo:
     """The directory holder of a node's object store actor."""
-    return HolderInfo(
-        holder_id=f"{TIER_TYPE}:{node_id}",
-        tier_type=TIER_TYPE,
-        medium=PLASMA,
-        actor_name=naming.object_store_actor(node_id),
-        namespace=namespace,
-        node_id=node_id,
-    )
+    return HolderInfo(f"{TIER_TYPE}:{node_id}", TIER_TYPE, PLASMA, naming.object_store_actor(node_id), namespace, node_id)
 
 
-class _Metrics(ActorMetrics):
-    """Occupancy and traffic as raykv's tier metrics (``raykv_tier_*``; tier object_store, per node)."""
+def _is_peer(holder: HolderInfo, tried: set[str]) -> bool:
+    """An object store actor (of any node) not asked for this key yet."""
+    return holder.tier_type == TIER_TYPE and holder.medium == PLASMA and holder.actor_name not in tried
 
-    COUNTERS = {
-        "stored_blocks": "raykv_tier_stored_blocks",
-        "evicted_blocks": "raykv_tier_evicted_blocks",
-        "hits": "raykv_tier_served_blocks",
-        "misses": "raykv_tier_load_misses",
-        "served_remote": "raykv_object_store_served_remote_blocks",
-    }
 
-    def __init__(self, node_id: str) -> None:
-        super().__init__(TIER_TYPE, node_id, f"{TIER_TYPE}:{node_id}", self.COUNTERS)
-
-    def publish(self, gauges: dict[str, int], counters: Counter[str]) -> None:
-        self.record(gauges["blocks"], gauges["bytes"], gauges["capacity_bytes"], counters)
+#: The actor's counters exported as raykv's tier metrics (tier object_store, per node).
+METRIC_COUNTERS = {
+    "stored_blocks": "raykv_tier_stored_blocks",
+    "evicted_blocks": "raykv_tier_evicted_blocks",
+    "hits": "raykv_tier_served_blocks",
+    "misses": "raykv_tier_load_misses",
+    "served_remote": "raykv_object_store_served_remote_blocks",
+}
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)
-class ObjectStoreActor(WatchableActor):
+class ObjectStoreActor(HolderActor):
     """The node's owner of packed KV blocks in plasma, with LRU byte capacity."""
 
     def __init__(self, node_id: str, namespace: str, settings: dict[str, Any]) -> None:
+        super().__init__(holder_info(node_id, namespace), namespace, METRIC_COUNTERS)
         self.node_id = node_id
-        self.namespace = namespace
-        self.info = holder_info(node_id, namespace)
         self.requested_capacity = int(settings["capacity_bytes"])
         self.max_fraction = float(settings.get("max_object_store_fraction", 0.8))
         self.max_pack_bytes = int(settings.get("max_pack_bytes", 64 << 20))
         self.piece_bytes = int(settings.get("piece_bytes", packing.PIECE_BYTES))
         self.remote_timeout_s = float(settings.get("remote_timeout_s", 30.0))
         self.index = PackIndex(self.requested_capacity, settings.get("tenant_quotas"))
-        self.counters: Counter[str] = Counter()
-        self.log = HoldingsLog()
+        self.plasma_bytes = 0
         self._pack_ids = itertools.count()
         self._regions: OrderedDict[tuple, MappedRegion] = OrderedDict()
         self._last_sweep = 0.0
         self._peers: dict[str, Any] = {}
         self._store_lock = asyncio.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raykv-os-copy")
-        self._metrics = _Metrics(node_id)
-        self._directory: DirectoryClient | None = None
-        self.started_at = time.time()
         self._durations: dict[str, deque[float]] = {"store": deque(maxlen=64), "load": deque(maxlen=64)}
-        # Async actors run __init__ on their event loop: announcing ourselves
-        # happens in a task that every method waits for.
-        self._started = asyncio.get_running_loop().create_task(self._start())
-        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
-    async def _start(self) -> None:
-        control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
-        config = await control.config.remote()
-        shards = [
-            ray.get_actor(naming.directory_shard(i), namespace=self.namespace)
-            for i in range(config["directory_shards"])
-        ]
-        self._directory = DirectoryClient(shards)
-        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
-        # Cap the capacity to what this node's plasma can hold without spilling.
+    async def recover(self) -> None:
+        """Nothing outlives the actor; cap the capacity to what this node's
+        plasma can hold without spilling."""
         plasma = await asyncio.to_thread(_node_object_store_bytes, self.node_id)
         if plasma and self.requested_capacity > self.max_fraction * plasma:
             self.index.capacity = int(self.max_fraction * plasma)
@@ -138,12 +109,6 @@ class ObjectStoreActor(WatchableActor):
                 plasma, self.index.capacity,
             )
         self.plasma_bytes = plasma
-        me = ray.get_runtime_context().current_actor
-        # A restarted actor (after a crash) holds nothing: drop what its
-        # previous life registered before announcing itself again.
-        await settle(self._directory.remove_holder(self.info.holder_id, "restarted"))
-        await settle([*self._directory.add_holder(self.info, me), control.add_holder.remote(self.info.to_dict())])
-        self._publish()
 
     def __repr__(self) -> str:
         # What and where only: the dashboard records a repr once, at start (live
@@ -154,7 +119,6 @@ class ObjectStoreActor(WatchableActor):
         return f"ObjectStore(node={str(d.get('node_id', '?'))[:12]}, capacity {fmt_bytes(cap) if cap is not None else '?'})"
 
     def status_line(self) -> str:
-        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
         c, used, cap = self.counters, self.index.used, self.index.capacity
         return (
             f"object_store node={self.node_id[:12]}: {len(self.index)} blocks in {self.index.num_packs} packs, "
@@ -164,13 +128,20 @@ class ObjectStoreActor(WatchableActor):
             f"{fmt_tenants(self.index.tenants.bytes_by_tenant())}"
         )
 
-    # -- helpers -----------------------------------------------------------
-    def _publish(self) -> None:
-        self._metrics.publish(
-            {"blocks": len(self.index), "bytes": self.index.used, "capacity_bytes": self.index.capacity},
-            self.counters,
-        )
+    def held_keys(self) -> list[bytes]:
+        return self.index.keys()
 
+    def occupancy(self) -> tuple[int, int, int]:
+        return len(self.index), self.index.used, self.index.capacity
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "capacity_bytes": self.index.capacity,
+            "requested_capacity_bytes": self.requested_capacity,
+        }
+
+    # -- helpers -----------------------------------------------------------
     def _region(self, handle: RegionHandle) -> np.ndarray:
         """The ``(num_chunks, bytes_per_chunk)`` array of an engine's primary region."""
         if handle.node_id is not None and handle.node_id != self.node_id:
@@ -235,15 +206,6 @@ class ObjectStoreActor(WatchableActor):
         return ok, bad
 
     # -- API -----------------------------------------------------------------
-    async def ready(self) -> dict[str, Any]:
-        await self._started
-        return {
-            "node_id": self.node_id,
-            "capacity_bytes": self.index.capacity,
-            "requested_capacity_bytes": self.requested_capacity,
-            "holder": self.info.to_dict(),
-        }
-
     async def store(
         self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int],
         tenant: str = DEFAULT_TENANT,
@@ -306,7 +268,7 @@ class ObjectStoreActor(WatchableActor):
             self.counters["evicted_blocks"] += len(evicted)
             self.log.append(True, evicted)
             if self.index.used + nbytes > self.index.capacity:  # tenant quotas protect what is left
-                self.counters["directory_errors"] += await settle(unregister)
+                await self._settled(unregister)
                 self.counters["store_no_room"] += 1
                 self._publish()
                 return {
@@ -340,7 +302,7 @@ class ObjectStoreActor(WatchableActor):
             self.counters["stored_blocks"] += len(new_keys)
             self.counters["stored_bytes"] += nbytes
             self._publish()
-        self.counters["directory_errors"] += await settle([register, *unregister])
+        await self._settled([register, *unregister])
         for pack in packs:
             pack.registering = None
         out: dict[str, Any] = {
@@ -415,40 +377,19 @@ class ObjectStoreActor(WatchableActor):
             remote_packs = await self._find_remote(keys, remote_wanted, sources or {}, errors)
 
         done: list[int] = []
-        nbytes = 0
-        if local_packs:
-            # Zero-copy: the values are numpy views into this node's plasma.
-            values = await asyncio.gather(*(ref for ref, *_ in local_packs), return_exceptions=True)
-            ready = []
-            for (ref, ends, bb, items), v in zip(local_packs, values):
-                if isinstance(v, BaseException):
-                    for i, _ in items:
-                        errors[i] = f"local pack unreadable: {type(v).__name__}"
-                else:
-                    ready.append((v, ends, bb, items))
-            del values
-            ok, bad = await self._copy_all(array, bpc, chunk_ids, ready, deadline)
-            done += ok
-            errors.update(bad)
-            del ready
-        if remote_packs:
-            values = await asyncio.gather(
-                *(asyncio.wait_for(ref, self.remote_timeout_s) for ref, *_ in remote_packs), return_exceptions=True
-            )
-            ready = []
-            for (ref, ends, bb, items), v in zip(remote_packs, values):
-                if isinstance(v, BaseException):
-                    for i, _ in items:
-                        errors[i] = f"pull failed: {type(v).__name__}"
-                else:
-                    ready.append((v, ends, bb, items))
-            del values
+        # Local values are zero-copy numpy views into this node's plasma.
+        for packs, timeout, what in (
+            (local_packs, None, "local pack unreadable"),
+            (remote_packs, self.remote_timeout_s, "pull failed"),
+        ):
+            ready = await self._fetch_packs(packs, timeout, what, errors)
             if ready:
                 ok, bad = await self._copy_all(array, bpc, chunk_ids, ready, deadline)
                 done += ok
                 errors.update(bad)
-                self.counters["hits_remote"] += len(ok)
-            del ready
+                if packs is remote_packs:
+                    self.counters["hits_remote"] += len(ok)
+            del ready  # drop our views of the packs
         nbytes = len(done) * bpc
         self.counters["hits"] += len(done)
         self.counters["misses"] += len(errors)
@@ -457,6 +398,27 @@ class ObjectStoreActor(WatchableActor):
         seconds = time.perf_counter() - t0
         self._durations["load"].append(seconds)
         return {"ok": sorted(done), "errors": errors, "bytes": nbytes, "seconds": seconds}
+
+    @staticmethod
+    async def _fetch_packs(
+        packs: list[tuple[Any, list[int], int, list[tuple[int, int]]]], timeout: float | None, what: str,
+        errors: dict[int, str],
+    ) -> list[tuple[Any, list[int], int, list[tuple[int, int]]]]:
+        """The packs' values (for ``_copy_all``); the keys of a pack that
+        cannot be read get ``what`` in ``errors``."""
+        if not packs:
+            return []
+        values = await asyncio.gather(
+            *(asyncio.wait_for(ref, timeout) if timeout else ref for ref, *_ in packs), return_exceptions=True
+        )
+        ready = []
+        for (_, ends, bb, items), v in zip(packs, values):
+            if isinstance(v, BaseException):
+                for i, _ in items:
+                    errors[i] = f"{what}: {type(v).__name__}"
+            else:
+                ready.append((v, ends, bb, items))
+        return ready
 
     async def _find_remote(
         self, keys: Sequence[bytes], wanted: list[int], sources: dict[str, list[int]], errors: dict[int, str]
@@ -493,22 +455,19 @@ class ObjectStoreActor(WatchableActor):
         return found
 
     async def _locate(self, keys: Sequence[bytes], positions: list[int], tried: dict[int, set[str]]) -> dict[str, list[int]]:
-        """Directory lookup: per other node's actor name, the positions it holds."""
+        """Directory lookup (the engine's answer was missing or stale): per
+        other node's actor name, the positions it holds and we did not ask yet."""
         self.counters["directory_lookups"] += 1
         try:
-            pending = self._directory.lookup_async([keys[i] for i in positions])
-            replies = await asyncio.wait_for(
-                asyncio.gather(*[ref for _, ref in pending.parts]), self.remote_timeout_s
-            )
+            answers = await self._directory.lookup_async([keys[i] for i in positions]).result_async(self.remote_timeout_s)
         except Exception as e:
             logger.warning("directory lookup for a load failed: %r", e)
             return {}
         todo: dict[str, list[int]] = {}
-        for pos, holders in zip(positions, pending.decode(replies)):
-            for h in holders:
-                if h.tier_type == TIER_TYPE and h.medium == PLASMA and h.actor_name not in tried[pos]:
-                    todo.setdefault(h.actor_name, []).append(pos)
-                    break
+        for pos, holders in zip(positions, answers):
+            peer = placement.choose(holders, self.node_id, lambda h: _is_peer(h, tried[pos]))
+            if peer is not None:
+                todo.setdefault(peer.actor_name, []).append(pos)
         return todo
 
     async def _ask_peers(
@@ -605,31 +564,17 @@ class ObjectStoreActor(WatchableActor):
             self.log.append(True, removed)
             self.counters["invalidated_blocks"] += len(removed)
             del dropped, pending  # our refs to fully dropped packs go: plasma frees them
-            self.counters["directory_errors"] += await settle(self._directory.unregister(self.info.holder_id, removed))
+            await self._unregister(removed)
             self._publish()
         return len(removed)
-
-    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
-        """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.events``)."""
-        await self._started
-        return self.log.read(since, tag, self.index.keys)
 
     async def holds(self, keys: Sequence[bytes]) -> list[bool]:
         await self._started
         return [k in self.index for k in keys]
 
-    async def keys(self) -> list[bytes]:
-        await self._started
-        return self.index.keys()
-
-    def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
-        return self.info, self.index.keys()
-
-    async def stats(self) -> dict[str, Any]:
-        await self._started
+    def tier_stats(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,
-            "holder_id": self.info.holder_id,
             "blocks": len(self.index),
             "packs": self.index.num_packs,
             "bytes_used": self.index.used,
@@ -640,7 +585,6 @@ class ObjectStoreActor(WatchableActor):
             "tenant_bytes": self.index.tenants.bytes_by_tenant(),
             "tenant_quotas": dict(self.index.tenants.quotas),
             "evicted_packs": self.index.evicted_packs,
-            "blocks_by_identity": blocks_by_identity(self.index.keys()),
             "hits": self.counters["hits"],
             "loads_requested": self.counters["loads_requested"],
             "mapped_regions": len(self._regions),
@@ -648,7 +592,6 @@ class ObjectStoreActor(WatchableActor):
             "load_ms_p50": _p50_ms(self._durations["load"]),
             "put_ms_p50": _p50_ms(self._durations.get("put", deque())),
             "counters": dict(self.counters),
-            "started_at": self.started_at,
         }
 
 

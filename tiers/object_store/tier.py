@@ -9,10 +9,9 @@ dead actor, an exception or a job past ``job_timeout_s`` becomes a failed
 result, and a load where some keys were missing or evicted reports the keys
 that did load.
 
-Which keys it serves (``serves``): those held by this node's actor, and those
-held by another node's actor when no shared-storage holder has them (the
-directory's preference: this node's plasma, then shared storage, then another
-node's plasma). Cross-node loads are still one call to the local actor, which
+Which keys it serves: those whose chosen holder (``raykv.placement``: this
+node's plasma, then shared storage the engine reads, then another node's
+plasma) is an object store actor. Cross-node loads are still one call to the local actor, which
 asks the holder's actor for ObjectRefs and pulls them through Ray's object
 manager.
 """
@@ -23,22 +22,23 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from raykv.cluster import RaykvServices
-from raykv.config import opt
+from raykv.config import namespace_option, opt
 from raykv.contract import ReqContext, TransferJob
-from raykv.directory.holders import PLASMA, SHARED, HolderInfo
+from raykv.placement import PLASMA, HolderInfo
 from raykv.errors import RaykvError
 from raykv.keys import OffloadKey
 from raykv.primary import RegionHandle, describe_region
 from raykv.identity import KVIdentity
-from raykv.tenants import check_quotas, tenant_of
-from raykv.tier_base import ActorLiveness, DirectoryBackedTier
+from raykv.tenants import tenant_of, tenant_quotas_option
+from raykv.actor_tier import DirectoryBackedTier
+from raykv.polling import ActorLiveness
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
 
@@ -51,11 +51,6 @@ MiB = 1024**2
 DEADLINE_GRACE_S = 2.0
 
 
-def _check_namespace(value: str) -> str | None:
-    if not value or not all(c.isalnum() or c in "-_." for c in value):
-        return "must be non-empty letters, digits, '-', '_' or '.'"
-    return None
-
 
 def _check_fraction(value: float) -> str | None:
     return None if 0.0 < value <= 1.0 else f"must be in (0, 1], got {value!r}"
@@ -63,9 +58,7 @@ def _check_fraction(value: float) -> str | None:
 
 @dataclass
 class ObjectStoreOptions:
-    namespace: str = opt(
-        "raykv", kind=str, check=_check_namespace, doc="Ray namespace of raykv (when no services are given)"
-    )
+    namespace: str = namespace_option()
     capacity_bytes: int = opt(
         1 * GiB,
         kind=int,
@@ -92,15 +85,7 @@ class ObjectStoreOptions:
     job_timeout_s: float = opt(
         60.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
     )
-    tenant_quotas: dict = opt(
-        {},
-        kind=dict,
-        check=check_quotas,
-        doc="bytes each tenant may hold per node, each tenant with its own LRU: {'tenant-a': 1073741824, "
-        "'*': ...} ('*': every tenant not listed); a tenant over quota evicts its own blocks first, never "
-        "another tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. "
-        "Set when a node's actor starts",
-    )
+    tenant_quotas: dict = tenant_quotas_option("bytes of blocks on each node", "Set when a node's actor starts")
 
     def actor_settings(self) -> dict[str, Any]:
         return {
@@ -157,15 +142,7 @@ class ObjectStoreTier(DirectoryBackedTier):
     def ensure_actor(cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0) -> Any:
         """Start (or find) ``node_id``'s object store actor and wait until it is ready."""
         actor = start_actor(node_id, services.namespace, options.actor_settings())
-        try:
-            info = ray.get(actor.ready.remote(), timeout=timeout)
-        except Exception as e:
-            raise RaykvError(f"object_store tier: the actor of node {node_id} did not start: {e}") from e
-        if info["requested_capacity_bytes"] != options.capacity_bytes:
-            logger.warning(
-                "object store actor of node %s already runs with capacity_bytes=%d; keeping it (asked for %d)",
-                node_id, info["requested_capacity_bytes"], options.capacity_bytes,
-            )
+        cls.start_holder_actor(actor, f"object_store tier: the actor of node {node_id}", options.capacity_bytes, timeout)
         return actor
 
     @classmethod
@@ -180,23 +157,27 @@ class ObjectStoreTier(DirectoryBackedTier):
         return actors
 
     # -- contract ------------------------------------------------------------
-    def serves(self, holders: list[HolderInfo]) -> bool:
-        """This node's plasma first, then shared storage (the fs tier), then another node's plasma."""
-        if self.liveness.alive and any(h.holder_id == self.holder_id for h in holders):
-            return True
-        if any(h.medium == SHARED for h in holders):
-            return False  # shared storage is closer than another node's plasma
-        return any(
-            h.tier_type == TIER_TYPE and h.medium == PLASMA and h.holder_id != self.holder_id for h in holders
-        )
+    def can_load(self, holder: HolderInfo) -> bool:
+        """Any node's object store actor, through this node's (alive) actor."""
+        return holder.tier_type == TIER_TYPE and holder.medium == PLASMA and self.liveness.alive
 
     def submit_store(self, job: TransferJob) -> None:
-        self._submit("store", job)
+        def call(keys: list[bytes], chunks: list[int], timeout: float) -> ray.ObjectRef:
+            return self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant_of(job.req_context))
+
+        self._send("store", job, call)
 
     def submit_load(self, job: TransferJob) -> None:
-        self._submit("load", job)
+        def call(keys: list[bytes], chunks: list[int], timeout: float) -> ray.ObjectRef:
+            # The copy must not land after we gave up on the job (the engine
+            # may reuse the slots): the actor checks this deadline.
+            deadline = time.time() + max(0.05, timeout - DEADLINE_GRACE_S)
+            return self.actor.load.remote(job.job_id, self.region, keys, chunks, self._sources(keys), deadline)
 
-    def _submit(self, kind: str, job: TransferJob) -> None:
+        self._send("load", job, call)
+
+    def _send(self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int], float], ray.ObjectRef]) -> None:
+        """Track ``job`` and send its actor ``call``; any error becomes its failed result."""
         self.jobs.begin(job)
         try:
             keys, chunks = self.job_slots(job)
@@ -206,29 +187,23 @@ class ObjectStoreTier(DirectoryBackedTier):
                 self.jobs.succeed(job, transfer_bytes=0)
                 return
             timeout = self.options.job_timeout_s
-            if kind == "store":
-                ref = self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant_of(job.req_context))
-            else:
-                # The copy must not land after we gave up on the job (the
-                # engine may reuse the slots): the actor checks this deadline.
-                deadline = time.time() + max(0.05, timeout - DEADLINE_GRACE_S)
-                ref = self.actor.load.remote(job.job_id, self.region, keys, chunks, self._sources(keys), deadline)
+            ref = call(keys, chunks, timeout)
             with self._lock:
                 self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + timeout)
         except Exception as e:  # a job must end in a result, whatever happens
             self.jobs.fail(job, f"object_store {kind} not submitted: {e!r}")
 
     def _sources(self, keys: list[bytes]) -> dict[str, list[int]]:
-        """Per other node's actor, the positions of keys the lookup cache says it holds."""
+        """Per other node's actor, the positions of keys whose lookup answer
+        chose it (the load then asks that actor directly; keys without a
+        known answer are left to the actor, which asks the directory)."""
         out: dict[str, list[int]] = {}
+        planner = self.services.planner
         for i, k in enumerate(keys):
             holders = self._cache.get(k)
-            if not holders or any(h.holder_id == self.holder_id for h in holders):
-                continue  # unknown (the actor asks the directory) or held here
-            for h in holders:
-                if h.tier_type == TIER_TYPE and h.medium == PLASMA:
-                    out.setdefault(h.actor_name, []).append(i)
-                    break
+            source = planner.source(self.key_tag, holders) if holders else None
+            if source is not None and source.holder_id != self.holder_id and self.can_load(source):
+                out.setdefault(source.actor_name, []).append(i)
         return out
 
     def _check_actor(self) -> None:
@@ -322,6 +297,7 @@ class ObjectStoreTier(DirectoryBackedTier):
         if self._closed:
             return
         self._closed = True
+        self.leave_planner()
         self.poll_jobs()
         with self._lock:
             left = list(self._inflight.values())

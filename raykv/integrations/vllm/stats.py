@@ -43,7 +43,7 @@ class TierStats:
         return defs
 
     def take(self, metrics: Any) -> OffloadingConnectorStats | None:
-        """Deltas since the last call of ``metrics`` (a ``raykv.metrics.TierMetrics``)."""
+        """Deltas since the last call of ``metrics`` (a ``raykv.metrics.recorders.TierMetrics``)."""
         if metrics is None:
             return None
         stats = OffloadingConnectorStats()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from raykv.integrations.vllm import kv_transfer_config
-from raykv.models.tiny import make_prompt_tokens
+from raykv.demo.tiny_model import make_prompt_tokens
 
 pytestmark = pytest.mark.slow
 

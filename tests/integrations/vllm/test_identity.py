@@ -21,8 +21,8 @@ import ray
 
 from raykv import naming
 from raykv.integrations.vllm import raykv_kv_transfer_config
-from raykv.integrations.vllm.replica import start_replica
-from raykv.models.tiny import make_prompt_tokens, reseed_weights
+from raykv.demo.replicas import start_replica
+from raykv.demo.tiny_model import make_prompt_tokens, reseed_weights
 from raykv.status import collect_status
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ import ray
 
 from raykv import naming
 from raykv.integrations.vllm import raykv_kv_transfer_config
-from raykv.models.tiny import make_prompt_tokens
+from raykv.demo.tiny_model import make_prompt_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -152,9 +152,10 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     version = services.add_rule(
         {"name": "persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}
     )
-    # The engine process's policy cache long-polls the directory: a new rule
-    # reaches it within milliseconds (tests/raykv/directory/test_policy.py).
-    time.sleep(1.0)
+    # The engine process's policy cache long-polls the control actor: it has
+    # the rule once its long poll waits at the new version.
+    _wait_for(lambda: max(ray.get(services.control.rules_readers.remote()), default=-1) >= version,
+              what="the engine's policy cache to hold the rule")
     prefix = make_prompt_tokens(PROMPT_LEN, 40)
     held = set(ray.get(actor.keys.remote()))
     _generate(llm, prefix)
@@ -165,9 +166,13 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     def held_prefix() -> int:
         return len(prefix_keys & set(ray.get(actor.keys.remote())))
 
+    before = set(ray.get(actor.keys.remote()))
     plain, _ = _generate(llm, prefix + make_prompt_tokens(200, 41))  # CHUNK_LEVEL
     assert plain.num_cached_tokens == CACHEABLE  # a prefix hit in the engine
-    time.sleep(2.0)  # let the cascade of the new blocks land
+    # Its 2 new full blocks land in the tier in the job that would also carry
+    # the prefix's blocks at REQUEST_LEVEL.
+    _wait_for(lambda: len(set(ray.get(actor.keys.remote())) - before - prefix_keys) >= 2,
+              what="the cascade of the request's new blocks")
     assert held_prefix() == 0, "CHUNK_LEVEL re-stored prefix-hit blocks"
 
     persisted, _ = _generate(llm, prefix + make_prompt_tokens(200, 42), {"kv_transfer_params": {"persist": True}})

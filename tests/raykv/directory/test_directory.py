@@ -7,9 +7,9 @@ import time
 import pytest
 import ray
 
-from raykv.directory.holders import PLASMA, SHARED, HolderInfo
+from raykv.placement import PLASMA, SHARED, HolderInfo
 from raykv.keys import prefix_keys
-from raykv.tier_base import WatchableActor
+from raykv.holder_actor import WatchableActor
 
 
 @ray.remote(num_cpus=0)

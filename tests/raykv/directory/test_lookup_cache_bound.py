@@ -9,7 +9,7 @@ import ray
 import raykv
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.primary import PrimaryRegion
 
 CAP = 20_000

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from raykv.directory.client import decode_reply
+from raykv.placement import decode_reply
 from raykv.directory.fingerprint import fingerprints, to_blob
-from raykv.directory.holders import PLASMA, SHARED, HolderInfo
+from raykv.placement import PLASMA, SHARED, HolderInfo
 from raykv.directory.shard import DirectoryShardImpl
 from raykv.keys import prefix_keys
 

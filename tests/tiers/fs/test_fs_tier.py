@@ -15,7 +15,7 @@ import ray
 
 from raykv.identity import scoped_keys
 from raykv import naming
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys

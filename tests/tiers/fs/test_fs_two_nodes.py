@@ -30,14 +30,14 @@ class Engine:
         return ray.get_runtime_context().get_node_id()
 
     def store(self, keys: list[bytes], seed: int) -> tuple[bool, list[str]]:
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         self.region.array[:] = np.random.default_rng(seed).integers(0, 256, self.region.array.shape, dtype=np.uint8)
         res = TierDriver(self.tier).store(keys, list(range(len(keys))))
         return res.success, [hashlib.sha256(self.region.array[i]).hexdigest() for i in range(len(keys))]
 
     def load(self, keys: list[bytes]) -> tuple[list[str], bool, list[str]]:
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         self.region.array[:] = 0
         found = [r.name for r in self.tier.lookup_blocking(keys)]

@@ -11,7 +11,7 @@ import ray
 
 import raykv
 from raykv.identity import scoped_keys
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys

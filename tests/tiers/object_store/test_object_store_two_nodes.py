@@ -33,7 +33,7 @@ class Engine:
         return ray.get_runtime_context().get_node_id()
 
     def store(self, keys: list[bytes], seed: int) -> tuple[bool, list[str]]:
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         n = len(keys)
         self.region.array[:n] = np.random.default_rng(seed).integers(0, 256, (n, BLOCK), dtype=np.uint8)
@@ -46,7 +46,7 @@ class Engine:
         return [r.name for r in self.tier.lookup_blocking(keys)]
 
     def load(self, keys: list[bytes], forget: bool = False) -> tuple[bool, list[bytes], list[str], float]:
-        from raykv.client import TierDriver
+        from raykv.tier_driver import TierDriver
 
         if forget:  # no hint from the lookup cache: the node actor asks the directory
             self.tier._cache.invalidate(scoped_keys(keys))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from raykv.demo import demo, format_report
+from raykv.demo.run import demo, format_report
 
 pytestmark = pytest.mark.slow
 

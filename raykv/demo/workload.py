@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raykv.models.tiny import make_prompt_tokens
+from raykv.demo.tiny_model import make_prompt_tokens
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import raykv
-from raykv.client import TierDriver
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
 from raykv.identity import scoped_keys

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from raykv.models.tiny import (
+from raykv.demo.tiny_model import (
     CONFIG,
     MODEL_NAME,
     VOCAB_SIZE,

@@ -27,7 +27,10 @@ class TierDriver:
         self.req = ReqContext(req_id)
         self._stash: dict[int, JobResult] = {}
 
-    def _wait(self, job_id: int, timeout: float) -> JobResult:
+    def wait(self, job_id: int, timeout: float) -> JobResult:
+        """The result of job ``job_id`` (submitted through this driver or
+        straight to the tier), stepping the tier until it comes;
+        ``TimeoutError`` after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             for r in self.tier.get_finished_jobs():
@@ -56,14 +59,14 @@ class TierDriver:
         timeout = timeout_arg("timeout", timeout, allow_none=False)
         job = self._job(keys, chunk_ids, False)
         self.tier.submit_store(job)
-        return self._wait(job.job_id, timeout)
+        return self.wait(job.job_id, timeout)
 
     def load(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
         """Load ``keys`` into primary slots ``chunk_ids``; wait for the result."""
         timeout = timeout_arg("timeout", timeout, allow_none=False)
         job = self._job(keys, chunk_ids, True)
         self.tier.submit_load(job)
-        return self._wait(job.job_id, timeout)
+        return self.wait(job.job_id, timeout)
 
     def lookup(self, keys: Sequence[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
         """Resolve each key, stepping the tier until no answer is RETRY."""

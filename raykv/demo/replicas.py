@@ -182,7 +182,7 @@ def run_trace(
     """Start one replica per node, send ``trace`` (requests with ``replica`` and
     ``prompt_token_ids``) one at a time, then ``after(replicas)``, and stop the
     replicas. Returns one result per request, and what ``after`` returned."""
-    from raykv.models.tiny import make_prompt_tokens
+    from raykv.demo.tiny_model import make_prompt_tokens
 
     progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
     replicas = [start_replica(node, model, kv_config, engine_kw) for node in nodes]

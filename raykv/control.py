@@ -1,4 +1,12 @@
-"""The control actor: raykv's config, policy rules and holder list for one namespace."""
+"""The control actor: one namespace's config, policy rules, holder list and KV identities.
+
+It is not the directory: directory shards (``raykv.directory``) map keys to
+holders. The control actor knows *which holders exist* (each announces
+itself here and at every shard, and leaves when it dies), so a restarting
+shard knows whom to ask for its entries, and tools (``raykv status``,
+``invalidate``, ``shutdown``) know whom to reach. Engines read the config and
+long-poll the rules (``raykv.policy.cache``).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +29,9 @@ class ControlActor:
         self._rules: dict[str, dict[str, Any]] = {}
         self._version = 0
         self._changed = asyncio.Event()
+        self._readers: Counter[int] = Counter()  # waiting long polls per rules version
         self._holders: dict[str, dict[str, Any]] = {}
+        self._watches: dict[str, asyncio.Task] = {}  # holder id -> its raykv_watch call
         #: KV identities engines announced: tag (hex) -> KVIdentity fields
         self._identities: dict[str, dict[str, Any]] = {}
         self.calls: Counter[str] = Counter()
@@ -78,19 +88,52 @@ class ControlActor:
         """Long poll: return when the rules differ from ``known_version`` or after ``timeout_s``."""
         self.calls["wait_rules"] += 1
         if known_version == self._version:
+            self._readers[known_version] += 1
             try:
                 await asyncio.wait_for(self._changed.wait(), timeout_s)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self._readers[known_version] -= 1
+                if not self._readers[known_version]:
+                    del self._readers[known_version]
         return self._version, list(self._rules.values())
 
-    async def add_holder(self, info: dict[str, Any]) -> None:
+    async def rules_readers(self) -> list[int]:
+        """The rules version each engine's waiting long poll holds (one entry
+        per poll): every engine holds rules version ``v`` once all are >= v."""
+        return sorted(self._readers.elements())
+
+    async def add_holder(self, info: dict[str, Any], handle: Any = None) -> None:
+        """A holder (re)announced itself. With its ``handle`` it is watched
+        (``raykv_watch``) and leaves the list when it dies; a restarted holder
+        announces itself again."""
         self.calls["add_holder"] += 1
-        self._holders[info["holder_id"]] = info
+        holder_id = info["holder_id"]
+        self._holders[holder_id] = info
+        old = self._watches.pop(holder_id, None)
+        if old is not None:
+            old.cancel()
+        if handle is not None:
+            self._watches[holder_id] = asyncio.get_running_loop().create_task(self._watch(holder_id, info, handle))
+
+    async def _watch(self, holder_id: str, info: dict[str, Any], handle: Any) -> None:
+        try:
+            await handle.raykv_watch.remote()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # it died (or its node did); a restart re-announces it
+            pass
+        if self._holders.get(holder_id) is info:  # not re-announced meanwhile
+            await self.remove_holder(holder_id)
 
     async def remove_holder(self, holder_id: str) -> None:
+        """Forget a holder (it died; its directory entries left with it)."""
         self.calls["remove_holder"] += 1
         self._holders.pop(holder_id, None)
+        task = self._watches.pop(holder_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
 
     async def register_identity(self, tag_hex: str, identity: dict[str, Any]) -> None:
         """An engine's KV identity (so status and invalidation can name it)."""

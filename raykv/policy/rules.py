@@ -1,7 +1,7 @@
 """Offload-policy rules: which requests a tier wants at REQUEST_LEVEL.
 
-Rules live at the directory's policy registry; engines keep a versioned copy
-(``raykv.directory.client.PolicyCache``) so ``on_new_request`` never waits on
+Rules live at the control actor (``raykv.control``); engines keep a versioned copy
+(``raykv.policy.cache.PolicyCache``) so ``on_new_request`` never waits on
 the network.
 """
 

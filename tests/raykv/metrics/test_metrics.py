@@ -10,7 +10,9 @@ import ray
 
 import raykv
 from raykv import metrics
-from raykv.client import TierDriver
+from raykv.jobs import MeteredJobTracker
+from raykv.metrics import recorders, scrape
+from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
@@ -26,8 +28,8 @@ def _job(job_id: int, n: int, load: bool) -> TransferJob:
 
 
 def test_metered_job_tracker_accounts_every_result() -> None:
-    tm = metrics.TierMetrics("object_store", "node-a")
-    jobs = metrics.MeteredJobTracker(tm, block_bytes=BLOCK)
+    tm = recorders.TierMetrics("object_store", "node-a")
+    jobs = MeteredJobTracker(tm, block_bytes=BLOCK)
     store, load, bad = _job(1, 3, False), _job(2, 4, True), _job(3, 2, True)
     for j in (store, load, bad):
         jobs.begin(j)
@@ -110,7 +112,7 @@ def _traffic(services, root: str) -> dict[str, dict[str, int]]:
 def _scrape_until(want, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while True:
-        series = metrics.scrape_cluster()
+        series = scrape.scrape_cluster()
         missing = want(series)
         if not missing or time.monotonic() > deadline:
             return series, missing
@@ -138,15 +140,15 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
     def missing(series) -> list[str]:
         out = []
         for name in nonzero_by_tier:
-            by_tier = metrics.sum_series(series, name, "tier")
+            by_tier = scrape.sum_series(series, name, "tier")
             out += [f"{name}{{tier={t}}}" for t in ("object_store", "fs") if not by_tier.get(t)]
-        out += [n for n in nonzero if not sum(metrics.sum_series(series, n, "shard").values())]
+        out += [n for n in nonzero if not sum(scrape.sum_series(series, n, "shard").values())]
         # The engine-side counters of this node equal what the tiers counted (the
         # process may also export series of other node tags, e.g. the unit test above).
         for tier in ("object_store", "fs"):
             here = [s for s in series if s[1].get("tier") == tier and s[1].get("node") == node["NodeID"]]
             for name, value in totals[tier].items():
-                got = metrics.sum_series(here, f"ray_{name}_total", "tier").get(tier, 0)
+                got = scrape.sum_series(here, f"ray_{name}_total", "tier").get(tier, 0)
                 if got != value:
                     out.append(f"ray_{name}_total{{tier={tier}, node=this}}={got} != {value}")
         return out
@@ -154,8 +156,8 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
     series, left = _scrape_until(missing)
     assert not left, left
     # Occupancy per tier and node: the object store tier is at its capacity after evictions.
-    used = metrics.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_bytes", "node")
-    cap = metrics.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_capacity_bytes", "node")
+    used = scrape.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_bytes", "node")
+    cap = scrape.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_capacity_bytes", "node")
     assert list(used) == [node["NodeID"]] and 0 < used[node["NodeID"]] <= cap[node["NodeID"]] == 24 * BLOCK
-    reasons = metrics.sum_series(series, "ray_raykv_directory_invalidations_total", "reason")
+    reasons = scrape.sum_series(series, "ray_raykv_directory_invalidations_total", "reason")
     assert reasons.get("evicted", 0) > 0

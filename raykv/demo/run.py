@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from raykv.integrations.vllm.replica import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
-from raykv.workload import build_trace, model_len_for, oracle_hit_tokens
+from raykv.demo.replicas import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
+from raykv.demo.workload import build_trace, model_len_for, oracle_hit_tokens
 
 NAMESPACE = "raykv-demo"
 ENGINE_BLOCKS = 16  # a small engine cache: 2048 tokens, about one session
@@ -56,7 +56,7 @@ def demo(
 
     import raykv
     from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
-    from raykv.models.tiny import MODEL_NAME, build_tiny_model
+    from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
 
     require_vllm()
     t0 = time.perf_counter()

@@ -1,0 +1,216 @@
+"""The engine-side base of tiers whose blocks live in holder actors (object_store, fs).
+
+``DirectoryBackedTier`` does what such tiers share in the engine process:
+attach to raykv's services, answer ``lookup`` from the process's
+``LookupCache`` (never blocking), decide which tier of the process serves a
+key (``raykv.placement.LoadPlanner``: one rule), count jobs and metrics,
+report KV events from the holder's log, and start or find the holder actor
+(``start_holder_actor``: wait until ready, warn on a capacity mismatch). A
+tier adds its data path and ``can_load``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import abstractmethod
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import numpy as np
+import ray
+
+from raykv.cluster import RaykvServices, attach
+from raykv.contract import (
+    JobResult,
+    TierEvent,
+    LookupResult,
+    ReqContext,
+    RequestOffloadingContext,
+    SecondaryTier,
+    TransferJob,
+)
+from raykv.errors import RaykvError, root_cause
+from raykv.placement import HolderInfo
+from raykv.polling import HoldingsFeed
+from raykv.identity import KVIdentity
+from raykv.jobs import JobTracker
+from raykv.jobs import MeteredJobTracker
+from raykv.metrics.recorders import TierMetrics
+from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
+
+logger = logging.getLogger(__name__)
+
+
+class DirectoryBackedTier(SecondaryTier):
+    """A tier whose blocks are found through the cluster directory.
+
+    ``lookup`` answers from the process's ``LookupCache``: unknown keys return
+    RETRY and are resolved in one batched directory call at the end of the
+    step (``on_schedule_end``). Subclasses say which holders they can read
+    (``can_load``) and implement the data path; ``serves`` then answers for
+    the whole process, so only the tier that loads from the chosen holder
+    answers HIT.
+    """
+
+    def __init__(
+        self,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        namespace: str,
+        services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
+    ) -> None:
+        super().__init__(primary_kv_view, tier_type, identity)
+        self.services = services or attach(namespace, start_if_missing=True)
+        self.node_id = self.services.node_id()
+        self.metrics = TierMetrics(tier_type, self.node_id)
+        self.jobs: JobTracker = MeteredJobTracker(self.metrics, self.block_size_bytes)
+        self._cache = self.services.lookup_cache
+        self.services.register_identity(self.identity)
+        self._events: HoldingsFeed | None = None
+        self.services.planner.add(self.key_tag, self)
+
+    # -- KV events -----------------------------------------------------------
+    #: The holder actor whose holdings this tier reports (set by subclasses).
+    actor: Any = None
+
+    def enable_events(self) -> None:
+        """Report this identity's blocks in the holder actor as ``TierEvent``s
+        (``take_events``): a snapshot first, then stores and removals."""
+        if self._events is None and self.actor is not None:
+            self._events = HoldingsFeed(self.actor, self.key_tag)
+
+    def take_events(self) -> list[TierEvent]:
+        if self._events is None:
+            return []
+        self._events.poll()
+        return self._events.take()
+
+    @abstractmethod
+    def can_load(self, holder: HolderInfo) -> bool:
+        """Whether this tier can read ``holder``'s blocks now (reachable, its actor alive)."""
+
+    def serves(self, holders: list[HolderInfo]) -> bool:
+        """Whether this tier should load a key held by ``holders``: it reads
+        the holder ``raykv.placement.choose`` picks among those the process's
+        tiers can read."""
+        source = self.services.planner.source(self.key_tag, holders)
+        return source is not None and self.can_load(source)
+
+    def leave_planner(self) -> None:
+        """Stop serving lookups of this process (at ``shutdown``)."""
+        self.services.planner.remove(self.key_tag, self)
+
+    @staticmethod
+    def start_holder_actor(actor: Any, what: str, requested_capacity: int, timeout: float) -> dict[str, Any]:
+        """Wait until a holder actor (just started, or found running) is
+        ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
+        start; a warning when it runs with another capacity than asked for."""
+        try:
+            info = ray.get(actor.ready.remote(), timeout=timeout)
+        except Exception as e:
+            raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
+        if info["requested_capacity_bytes"] != requested_capacity:
+            logger.warning(
+                "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
+                what, info["requested_capacity_bytes"], requested_capacity,
+            )
+        return info
+
+    @abstractmethod
+    def poll_jobs(self) -> None:
+        """Move completed transfers into ``self.jobs`` without blocking."""
+
+    # -- contract ------------------------------------------------------
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if type(key) is not bytes:
+            try:
+                key = validate_key(key)
+            except ValueError:
+                return LookupResult.MISS  # a malformed key is nobody's: never batch it
+        elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
+            return LookupResult.MISS
+        return self._lookup_scoped(self.key_tag + key, req_context)
+
+    def _lookup_scoped(self, key: bytes, req_context: ReqContext | None = None) -> LookupResult:
+        self._cache.poll()
+        holders = self._cache.get(key)
+        if holders is None and req_context is not None and self._resolve_prefix(key, req_context):
+            holders = self._cache.get(key)
+        if holders is None:
+            self._cache.request(key)
+            self.metrics.lookup(LookupResult.RETRY)
+            return LookupResult.RETRY
+        result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
+        self.metrics.lookup(result)  # a local count; flushed to Ray once per step
+        return result
+
+    def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
+        """At a request's first unknown key: look up its whole prefix (or this
+        key) in one directory call and wait up to ``lookup_wait_ms`` for it, so
+        that HIT and MISS are answered in the step that asked."""
+        wait_s = getattr(self.services.config, "lookup_wait_ms", 0.0) / 1000
+        if wait_s <= 0 or req_context.prefix_resolved:
+            return False
+        req_context.prefix_resolved = True
+        keys = [key]
+        if req_context.prefix_keys is not None:
+            tag = self.key_tag
+            try:
+                keys += [
+                    tag + k for k in req_context.prefix_keys()
+                    if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
+                ]
+            except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
+                logger.debug("prefix keys unavailable: %r", e)
+        return self._cache.resolve(keys, wait_s)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return self.services.policy.decide(self.tier_type, req_context)
+
+    def on_schedule_end(self) -> None:
+        self._cache.flush()
+        self.metrics.flush()
+        if self._events is not None:
+            self._events.poll()
+
+    def has_pending_work(self) -> bool:
+        return self.jobs.num_pending > 0 or self._cache.has_pending()
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        self.poll_jobs()
+        results = self.jobs.take()
+        if results:
+            self.metrics.flush()
+        return results
+
+    def drain_jobs(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.jobs.num_pending and time.monotonic() < deadline:
+            self.poll_jobs()
+            if self.jobs.num_pending:
+                self.jobs.wait_idle(0.005)
+        for job in self.jobs.pending():  # never leave a job without a result
+            self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
+
+    def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
+        """A submitted job's validated, identity-scoped keys and its chunk ids
+        (``ValueError`` when malformed). Results name the job's own keys."""
+        tag = self.key_tag
+        keys = [tag + validate_key(k) for k in job.keys]
+        ids = np.asarray(job.chunk_ids)
+        if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
+            raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
+        chunks = [int(c) for c in ids.reshape(-1)]
+        if len(keys) != len(chunks):
+            raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+        return keys, chunks
+
+    def lookup_blocking(self, keys: Collection[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
+        """Resolve ``keys`` now (tools and tests; engines use ``lookup``)."""
+        scoped = [self.key_tag + validate_key(k) for k in keys]
+        for k in scoped:
+            if self._cache.get(k) is None:
+                self._cache.request(k)
+        self._cache.wait(timeout)
+        return [self._lookup_scoped(k) for k in scoped]

@@ -1,0 +1,150 @@
+"""raykv's Ray metrics catalog: every metric, declared once.
+
+Every metric raykv exports is declared once in ``SPECS`` (name, kind, tags);
+``metric(name)`` creates its ``ray.util.metrics`` object lazily, once per
+process, and refuses names that are not declared, so the catalog is the
+complete list (the Grafana dashboard test checks its queries against it).
+Ray exports them on each node's metrics port as ``ray_<name>`` (counters
+with ``_total``, histograms as ``_bucket`` / ``_sum`` / ``_count``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+
+#: Job latency buckets (seconds): sub-millisecond plasma hits to slow shared storage.
+LATENCY_BOUNDARIES = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+ENGINE_TAGS = ("tier", "node")
+JOB_TAGS = ("tier", "node", "kind")
+ACTOR_TAGS = ("tier", "node", "holder")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One raykv metric."""
+
+    name: str
+    kind: str
+    description: str
+    tag_keys: tuple[str, ...]
+    boundaries: tuple[float, ...] = ()
+
+    def exported_names(self) -> list[str]:
+        """The series names Prometheus sees on a node's metrics port."""
+        base = f"ray_{self.name}"
+        if self.kind == COUNTER:
+            return [f"{base}_total"]
+        if self.kind == HISTOGRAM:
+            return [f"{base}_bucket", f"{base}_sum", f"{base}_count"]
+        return [base]
+
+
+_SPECS = (
+    # -- engine side: per tier (type) and node, recorded by DirectoryBackedTier
+    MetricSpec("raykv_lookups", COUNTER, "lookups answered HIT or MISS", ENGINE_TAGS),
+    MetricSpec("raykv_lookup_hits", COUNTER, "lookups answered HIT", ENGINE_TAGS),
+    MetricSpec("raykv_lookup_misses", COUNTER, "lookups answered MISS", ENGINE_TAGS),
+    MetricSpec("raykv_lookup_retries", COUNTER, "lookups answered RETRY (directory asked)", ENGINE_TAGS),
+    MetricSpec("raykv_blocks_stored", COUNTER, "blocks stored into the tier by jobs", ENGINE_TAGS),
+    MetricSpec("raykv_blocks_loaded", COUNTER, "blocks loaded from the tier by jobs", ENGINE_TAGS),
+    MetricSpec("raykv_bytes_stored", COUNTER, "bytes stored into the tier by jobs", ENGINE_TAGS),
+    MetricSpec("raykv_bytes_loaded", COUNTER, "bytes loaded from the tier by jobs", ENGINE_TAGS),
+    MetricSpec("raykv_jobs_finished", COUNTER, "store/load jobs finished (success or failure)", JOB_TAGS),
+    MetricSpec("raykv_jobs_failed", COUNTER, "store/load jobs that failed (wholly or partly)", JOB_TAGS),
+    MetricSpec(
+        "raykv_job_failures", COUNTER,
+        "failed store/load jobs by reason (timeout, holder_unavailable, full, corrupt, not_held, bad_job, "
+        "shut_down, other)", (*JOB_TAGS, "reason"),
+    ),
+    MetricSpec(
+        "raykv_job_latency_seconds", HISTOGRAM, "submit-to-result time of store/load jobs", JOB_TAGS,
+        LATENCY_BOUNDARIES,
+    ),
+    # -- tier actors: per tier, node and holder (one object store actor per node, one fs actor per root)
+    MetricSpec("raykv_tier_blocks", GAUGE, "blocks held by the tier actor", ACTOR_TAGS),
+    MetricSpec("raykv_tier_bytes", GAUGE, "bytes of blocks held by the tier actor", ACTOR_TAGS),
+    MetricSpec("raykv_tier_capacity_bytes", GAUGE, "byte capacity of the tier actor (0: unlimited)", ACTOR_TAGS),
+    MetricSpec("raykv_tier_stored_blocks", COUNTER, "blocks the tier actor took in", ACTOR_TAGS),
+    MetricSpec("raykv_tier_evicted_blocks", COUNTER, "blocks evicted to stay within capacity", ACTOR_TAGS),
+    MetricSpec("raykv_tier_served_blocks", COUNTER, "blocks the tier actor copied to engines", ACTOR_TAGS),
+    MetricSpec("raykv_tier_load_misses", COUNTER, "blocks asked of the tier actor but not loaded (not held, or failed)", ACTOR_TAGS),
+    MetricSpec("raykv_tier_removed_blocks", COUNTER, "blocks dropped as corrupt or missing", ACTOR_TAGS),
+    MetricSpec(
+        "raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS
+    ),
+    # -- directory shards
+    MetricSpec("raykv_directory_keys", GAUGE, "keys known to the directory shard", ("shard",)),
+    MetricSpec("raykv_directory_holders", GAUGE, "holders (tier actors) known to the directory shard", ("shard",)),
+    MetricSpec("raykv_directory_lookup_keys", COUNTER, "keys looked up at the directory shard", ("shard",)),
+    MetricSpec(
+        "raykv_directory_invalidations", COUNTER,
+        "directory entries dropped (reason: evicted, or why the holder went: removed, restarted, "
+        "ActorDiedError, ...)", ("shard", "reason"),
+    ),
+)
+
+SPECS: dict[str, MetricSpec] = {s.name: s for s in _SPECS}
+
+_lock = threading.Lock()
+_created: dict[str, Any] = {}
+
+
+def exported_names() -> set[str]:
+    """Every series name raykv can export (``ray_`` prefixed, as Prometheus sees it)."""
+    return {n for spec in SPECS.values() for n in spec.exported_names()}
+
+
+def metric(name: str) -> Any | None:
+    """The process's Ray metric object for ``name`` (None when Ray metrics are unavailable)."""
+    spec = SPECS[name]  # KeyError: declare every metric in SPECS
+    m = _created.get(name)
+    if m is not None:
+        return m
+    with _lock:
+        m = _created.get(name)
+        if m is None:
+            try:
+                import ray
+                from ray.util import metrics
+
+                if not ray.is_initialized():
+                    return None  # do not cache: Ray may connect later
+                if spec.kind == COUNTER:
+                    m = metrics.Counter(name, description=spec.description, tag_keys=spec.tag_keys)
+                elif spec.kind == GAUGE:
+                    m = metrics.Gauge(name, description=spec.description, tag_keys=spec.tag_keys)
+                else:
+                    m = metrics.Histogram(
+                        name, description=spec.description, boundaries=list(spec.boundaries), tag_keys=spec.tag_keys
+                    )
+            except Exception as e:  # metrics are best effort
+                logger.debug("metric %s unavailable: %r", name, e)
+                return None
+            _created[name] = m
+    return m
+
+
+def record(name: str, value: float, tags: Mapping[str, str]) -> None:
+    """Add to (counter), set (gauge) or observe (histogram) ``name``; best effort, never raises."""
+    m = metric(name)
+    if m is None:
+        return
+    try:
+        kind = SPECS[name].kind
+        if kind == COUNTER:
+            m.inc(value, tags=dict(tags))
+        elif kind == GAUGE:
+            m.set(value, tags=dict(tags))
+        else:
+            m.observe(value, tags=dict(tags))
+    except Exception as e:
+        logger.debug("metric %s not recorded: %r", name, e)

@@ -1,0 +1,184 @@
+"""Cheap recorders of raykv's metrics (``raykv.metrics.catalog``).
+
+Recording is local and cheap: engine-side counts are plain integers, pushed
+to Ray as deltas at most once per scheduler step (``TierMetrics.flush``);
+tier actors and directory shards publish after each batched call or on a
+timer. No metric ever costs a remote call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from raykv.contract import JobResult, LookupResult, TransferJob
+from raykv.jobs import FailureLog, failure_reason
+from raykv.metrics.catalog import record
+
+logger = logging.getLogger(__name__)
+
+
+class TierMetrics:
+    """Engine-side counts of one tier in one process, flushed to Ray as deltas.
+
+    ``lookup`` runs on the scheduler thread; ``job_finished`` on whatever
+    thread completes a job. Both only bump local numbers; ``flush`` (once per
+    scheduler step) hands the non-zero deltas to Ray.
+    """
+
+    def __init__(self, tier: str, node: str) -> None:
+        self.tags = {"tier": tier, "node": node}
+        self._lock = threading.Lock()
+        self._lookups = {LookupResult.HIT: 0, LookupResult.MISS: 0, LookupResult.RETRY: 0}
+        self._counts: dict[str, int] = {}
+        self._jobs: dict[str, dict[str, int]] = {}  # kind -> {"finished": n, "failed": n}
+        self._latencies: list[tuple[str, float]] = []
+        self._failures: dict[tuple[str, str], int] = {}  # (kind, reason) -> n
+        self.failure_log = FailureLog(f"raykv {tier} tier on node {node[:12]}:")
+        self.totals: dict[str, int] = {}  # everything ever flushed (tools and tests)
+        #: every failure ever counted, by (kind, reason) (tools, tests, vLLM stats)
+        self.failure_totals: dict[tuple[str, str], int] = {}
+
+    def lookup(self, result: LookupResult) -> None:
+        self._lookups[result] = self._lookups.get(result, 0) + 1
+
+    def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None:
+        """Account one job's result (its kind comes from ``is_promotion``: loads promote)."""
+        kind = "load" if job.is_promotion else "store"
+        if result.success:
+            blocks = len(job.keys)
+        else:
+            blocks = len(result.successful_keys or ())
+        nbytes = result.transfer_bytes if result.success and result.transfer_bytes else blocks * block_bytes
+        with self._lock:
+            per = self._jobs.setdefault(kind, {"finished": 0, "failed": 0})
+            per["finished"] += 1
+            per["failed"] += 0 if result.success else 1
+            done = "loaded" if job.is_promotion else "stored"
+            for name, n in ((f"raykv_blocks_{done}", blocks), (f"raykv_bytes_{done}", nbytes)):
+                self._counts[name] = self._counts.get(name, 0) + n
+            if result.transfer_time is not None:
+                self._latencies.append((kind, result.transfer_time))
+            if not result.success:
+                reason = failure_reason(result.error)
+                self._failures[(kind, reason)] = self._failures.get((kind, reason), 0) + 1
+                self.failure_totals[(kind, reason)] = self.failure_totals.get((kind, reason), 0) + 1
+        if not result.success:
+            self.failure_log.note(kind, reason, result.error)
+
+    def flush(self) -> None:
+        """Hand what was counted since the last flush to Ray (no remote call)."""
+        hits = self._lookups[LookupResult.HIT]
+        misses = self._lookups[LookupResult.MISS]
+        retries = self._lookups[LookupResult.RETRY]
+        self._lookups[LookupResult.HIT] -= hits
+        self._lookups[LookupResult.MISS] -= misses
+        self._lookups[LookupResult.RETRY] -= retries
+        with self._lock:
+            counts, self._counts = self._counts, {}
+            jobs, self._jobs = self._jobs, {}
+            latencies, self._latencies = self._latencies, []
+            failures, self._failures = self._failures, {}
+        for (kind, reason), n in failures.items():
+            record("raykv_job_failures", n, {**self.tags, "kind": kind, "reason": reason})
+        counts.update(
+            {"raykv_lookups": hits + misses, "raykv_lookup_hits": hits, "raykv_lookup_misses": misses,
+             "raykv_lookup_retries": retries}
+        )
+        for name, value in counts.items():
+            if value:
+                self.totals[name] = self.totals.get(name, 0) + value
+                record(name, value, self.tags)
+        for kind, per in jobs.items():
+            tags = {**self.tags, "kind": kind}
+            for what in ("finished", "failed"):
+                if per[what]:
+                    name = f"raykv_jobs_{what}"
+                    self.totals[name] = self.totals.get(name, 0) + per[what]
+                    record(name, per[what], tags)
+        for kind, seconds in latencies:
+            record("raykv_job_latency_seconds", seconds, {**self.tags, "kind": kind})
+
+
+class ActorMetrics:
+    """A tier actor's occupancy (gauges) and traffic (counters, sent as deltas).
+
+    ``counter_names`` maps the actor's own counter keys to catalog names.
+    Ray drops a gauge series from the metrics port when it is not set for a
+    while (~20 s in Ray 2.60), so on an event loop the last occupancy is set
+    again every ``GAUGE_REFRESH_S`` while the actor lives.
+    """
+
+    GAUGE_REFRESH_S = 5.0
+
+    def __init__(self, tier: str, node: str | None, holder: str, counter_names: Mapping[str, str]) -> None:
+        self.tags = {"tier": tier, "node": node or "shared", "holder": holder}
+        self.counter_names = dict(counter_names)
+        self._last: dict[str, int] = {}
+        self._occupancy: tuple[int, int, int] | None = None
+        self._refresher: Any = None
+
+    def record(self, blocks: int, nbytes: int, capacity: int, counters: Mapping[str, int]) -> None:
+        """Set the occupancy gauges and add the counters' growth since the last call."""
+        self._occupancy = (int(blocks), int(nbytes), int(capacity))
+        self._set_gauges()
+        for key, name in self.counter_names.items():
+            delta = counters.get(key, 0) - self._last.get(key, 0)
+            if delta > 0:
+                record(name, delta, self.tags)
+                self._last[key] = counters.get(key, 0)
+        if self._refresher is None:
+            self._start_refresher()
+
+    def _set_gauges(self) -> None:
+        if self._occupancy is not None:
+            blocks, nbytes, capacity = self._occupancy
+            record("raykv_tier_blocks", blocks, self.tags)
+            record("raykv_tier_bytes", nbytes, self.tags)
+            record("raykv_tier_capacity_bytes", capacity, self.tags)
+
+    def _start_refresher(self) -> None:
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on an event loop: gauges are set at each record only
+
+        async def refresh() -> None:
+            while True:
+                await asyncio.sleep(self.GAUGE_REFRESH_S)
+                self._set_gauges()
+
+        self._refresher = loop.create_task(refresh())
+
+
+async def publish_shard_metrics(shard: int, figures: Callable[[], Mapping[str, Any]], period_s: float = 1.0) -> None:
+    """Forever: directory shard ``shard``'s keys, holders, lookups and invalidations.
+
+    ``figures()`` returns the shard's ``num_keys``, ``num_holders``,
+    ``looked_up`` (keys, ever) and ``invalidated`` (entries dropped, ever, by
+    reason). Runs as a task on the shard actor's event loop; each round only
+    records locally.
+    """
+    tags = {"shard": str(shard)}
+    seen_lookups = 0
+    seen: dict[str, int] = {}
+    while True:
+        try:
+            f = figures()
+            record("raykv_directory_keys", f["num_keys"], tags)
+            record("raykv_directory_holders", f["num_holders"], tags)
+            if f["looked_up"] > seen_lookups:
+                record("raykv_directory_lookup_keys", f["looked_up"] - seen_lookups, tags)
+                seen_lookups = f["looked_up"]
+            for reason, n in f["invalidated"].items():
+                if n > seen.get(reason, 0):
+                    record("raykv_directory_invalidations", n - seen.get(reason, 0), {**tags, "reason": reason})
+                    seen[reason] = n
+        except Exception as e:  # never let metrics take the shard down
+            logger.debug("directory shard metrics not published: %r", e)
+        await asyncio.sleep(period_s)
