@@ -11,9 +11,11 @@ tier adds its data path and ``can_load``."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from abc import abstractmethod
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ from raykv.contract import (
 )
 from raykv.errors import RaykvError, root_cause
 from raykv.placement import HolderInfo
-from raykv.polling import HoldingsFeed
+from raykv.polling import ActorLiveness, HoldingsFeed, poll_ref
 from raykv.identity import KVIdentity
 from raykv.jobs import JobTracker
 from raykv.jobs import MeteredJobTracker
@@ -73,6 +75,8 @@ class DirectoryBackedTier(SecondaryTier):
     # -- KV events -----------------------------------------------------------
     #: The holder actor whose holdings this tier reports (set by subclasses).
     actor: Any = None
+    #: Its liveness, polled without blocking (set by subclasses).
+    liveness: ActorLiveness | None = None
 
     def enable_events(self) -> None:
         """Report this identity's blocks in the holder actor as ``TierEvent``s
@@ -214,3 +218,137 @@ class DirectoryBackedTier(SecondaryTier):
                 self._cache.request(k)
         self._cache.wait(timeout)
         return [self._lookup_scoped(k) for k in scoped]
+
+
+@dataclass
+class _InFlight:
+    kind: str  # "store" or "load"
+    job: TransferJob
+    keys: list[bytes]
+    deadline: float  # monotonic
+
+
+class ActorCallTier(DirectoryBackedTier):
+    """A ``DirectoryBackedTier`` whose every job is one call to its node's
+    holder actor (object_store, the example node tier).
+
+    ``send_job`` tracks the call; ``poll_jobs`` finishes each job exactly
+    once: from the actor's answer (``finish_job``, the tier's), or as failed
+    when the call raised, the actor died, or ``job_timeout_s`` passed. A
+    failed load forgets the cached answers of its keys, so the next lookup
+    asks the directory again.
+    """
+
+    #: Seconds a job's actor call may take before the job fails (set by subclasses).
+    job_timeout_s: float = 60.0
+    #: This tier's holder (set by subclasses): stored keys are noted under it.
+    holder_info: HolderInfo
+    #: Seconds before ``job_timeout_s`` that a load's copy must have begun, so
+    #: it never lands after the job failed (the engine may reuse its slots).
+    DEADLINE_GRACE_S = 2.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls_lock = threading.Lock()
+        self._inflight: dict[ray.ObjectRef, _InFlight] = {}
+        self._closed = False
+
+    def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: dict[str, Any]) -> None:
+        """Turn the actor's ``answer`` into the job's result.
+
+        The answer protocol: a store answers ``{"bytes": n}`` or
+        ``{"error": why}`` (nothing new stored); a load answers ``{"ok":
+        [positions], "errors": {position: why}, "bytes": n}``, each key on its
+        own.
+        """
+        if kind == "store":
+            if answer.get("error"):
+                self.jobs.fail(job, f"{self.tier_type} store failed: {answer['error']}")
+            else:
+                self._cache.note_stored(keys, self.holder_info)
+                self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+            return
+        errors: dict[int, str] = answer.get("errors", {})
+        if not errors:
+            self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+            return
+        self._cache.invalidate([keys[i] for i in errors], self.tier_type)
+        originals = list(job.keys)
+        ok = [originals[i] for i in answer.get("ok", [])]
+        shown = "; ".join(f"{keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])
+        more = f"; +{len(errors) - 3} more" if len(errors) > 3 else ""
+        self.jobs.fail(job, f"{len(errors)} of {len(keys)} keys not loaded: {shown}{more}", successful_keys=ok)
+
+    def load_deadline(self) -> float:
+        """Wall-clock time after which the actor must not start a load's copy."""
+        return time.time() + max(0.05, self.job_timeout_s - self.DEADLINE_GRACE_S)
+
+    def send_job(self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int]], ray.ObjectRef]) -> None:
+        """Track ``job`` and send ``call(scoped keys, chunk ids)``; any error becomes its failed result."""
+        self.jobs.begin(job)
+        try:
+            keys, chunks = self.job_slots(job)
+            if self._closed:
+                raise RuntimeError(f"{self.tier_type} tier is shut down")
+            if not keys:
+                self.jobs.succeed(job, transfer_bytes=0)
+                return
+            ref = call(keys, chunks)
+            with self._calls_lock:
+                self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + self.job_timeout_s)
+        except Exception as e:  # a job must end in a result, whatever happens
+            self.jobs.fail(job, f"{self.tier_type} {kind} not submitted: {e!r}")
+
+    def poll_jobs(self) -> None:
+        if not self._closed:
+            self.liveness.poll()
+        with self._calls_lock:
+            if not self._inflight:
+                return
+            refs = list(self._inflight)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        now = time.monotonic()
+        ready_set = set(ready)
+        finished: list[tuple[ray.ObjectRef | None, _InFlight]] = []
+        with self._calls_lock:
+            for ref in refs:
+                if ref in ready_set or now > self._inflight[ref].deadline:
+                    finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
+        for ref, entry in finished:
+            self._finish(ref, entry)
+
+    def _finish(self, ref: ray.ObjectRef | None, entry: _InFlight) -> None:
+        job, kind = entry.job, entry.kind
+        if ref is None:
+            error = f"{self.tier_type} {kind} timed out after {self.job_timeout_s}s"
+        else:
+            done, answer, exc = poll_ref(ref)
+            if exc is None:
+                self.finish_job(kind, job, entry.keys, answer)
+                return
+            if isinstance(exc, ray.exceptions.RayActorError):
+                error = f"{self.tier_type} actor of node {self.node_id} unavailable: {type(exc).__name__}"
+            else:
+                error = f"{self.tier_type} {kind} failed: {exc!r}"
+        self.jobs.fail(job, error)
+        if kind == "load":
+            self._cache.invalidate(entry.keys, self.tier_type)
+
+    def has_pending_work(self) -> bool:
+        with self._calls_lock:
+            inflight = bool(self._inflight)
+        return inflight or super().has_pending_work()
+
+    def close_calls(self) -> None:
+        """At ``shutdown``: stop serving, and fail what is still in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        self.leave_planner()
+        self.poll_jobs()
+        with self._calls_lock:
+            left = list(self._inflight.values())
+            self._inflight.clear()
+        for entry in left:
+            self.jobs.fail(entry.job, f"{self.tier_type} tier shut down")
+        self.liveness.close()

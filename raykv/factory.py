@@ -111,5 +111,6 @@ def _import_tier_class(module_path: str, class_name: str, field: str) -> type[Se
 
 
 TierFactory.register_tier("example", "tiers.example", "ExampleTier")
+TierFactory.register_tier("example_node", "tiers.example.node", "ExampleNodeTier")
 TierFactory.register_tier("object_store", "tiers.object_store", "ObjectStoreTier")
 TierFactory.register_tier("fs", "tiers.fs", "FsTier")

@@ -274,3 +274,16 @@ def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:
     if ids is None:
         ids = [shard_of(k, num_shards) for k in keys]
     return np.bincount(np.asarray(ids, dtype=np.int64), minlength=num_shards).tolist()
+
+
+def start_on_node(actor_cls: Any, name: str, node_id: str, namespace: str, *args: Any) -> Any:
+    """Start (or find) the detached holder actor ``name`` pinned to ``node_id``; returns its handle."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return actor_cls.options(
+        name=name,
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(*args)

@@ -573,6 +573,7 @@ def _failing_inits(tmp_path) -> dict[str, tuple]:
         "DirectoryShard": (0, 2, "raykv-test"),  # no running event loop here
         "FsRootActor": (str(tmp_path / "no-such-parent" / "root"), 0, "raykv-test"),
         "ObjectStoreActor": ("node-x", "raykv-test", {}),
+        "ExampleNodeActor": ("node-x", "raykv-test", 0),  # no running event loop here
         "EngineReplica": ("", None, {}),
     }
 

@@ -34,13 +34,12 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raykv import naming
 from raykv import placement
 from raykv.placement import PLASMA, HolderInfo
 from raykv.primary import MappedRegion, RegionHandle
-from raykv.holder_actor import HolderActor
+from raykv.holder_actor import HolderActor, start_on_node
 from raykv.tenants import DEFAULT_TENANT, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.object_store import packing
@@ -611,10 +610,4 @@ def _node_object_store_bytes(node_id: str) -> int:
 
 def start_actor(node_id: str, namespace: str, settings: dict[str, Any]) -> Any:
     """Start (or find) the object store actor of ``node_id``; returns its handle."""
-    return ObjectStoreActor.options(
-        name=naming.object_store_actor(node_id),
-        namespace=namespace,
-        lifetime="detached",
-        get_if_exists=True,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-    ).remote(node_id, namespace, settings)
+    return start_on_node(ObjectStoreActor, naming.object_store_actor(node_id), node_id, namespace, node_id, namespace, settings)

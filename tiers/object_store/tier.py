@@ -21,8 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +36,7 @@ from raykv.keys import OffloadKey
 from raykv.primary import RegionHandle, describe_region
 from raykv.identity import KVIdentity
 from raykv.tenants import tenant_of, tenant_quotas_option
-from raykv.actor_tier import DirectoryBackedTier
+from raykv.actor_tier import ActorCallTier
 from raykv.polling import ActorLiveness
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
@@ -46,10 +45,6 @@ logger = logging.getLogger(__name__)
 
 GiB = 1024**3
 MiB = 1024**2
-
-#: Slack between the actor's copy deadline and the tier's job timeout.
-DEADLINE_GRACE_S = 2.0
-
 
 
 def _check_fraction(value: float) -> str | None:
@@ -98,15 +93,7 @@ class ObjectStoreOptions:
         }
 
 
-@dataclass
-class _InFlight:
-    kind: str  # "store" or "load"
-    job: TransferJob
-    keys: list[bytes]
-    deadline: float  # monotonic
-
-
-class ObjectStoreTier(DirectoryBackedTier):
+class ObjectStoreTier(ActorCallTier):
     """KV blocks in the Ray object store, owned by one actor per node."""
 
     Options = ObjectStoreOptions
@@ -130,11 +117,10 @@ class ObjectStoreTier(DirectoryBackedTier):
         self.region: RegionHandle = dataclasses.replace(region, node_id=self.node_id)
         self.holder_info: HolderInfo = holder_info(self.node_id, self.services.namespace)
         self.holder_id = self.holder_info.holder_id
+        self.job_timeout_s = options.job_timeout_s
         self.actor = self.ensure_actor(self.services, options, self.node_id)
         self._lock = threading.Lock()
-        self._inflight: dict[ray.ObjectRef, _InFlight] = {}
         self._touches: dict[bytes, None] = {}
-        self._closed = False
         self.liveness = ActorLiveness(self.actor, f"object store actor of node {self.node_id}")
 
     # -- services ------------------------------------------------------------
@@ -162,36 +148,12 @@ class ObjectStoreTier(DirectoryBackedTier):
         return holder.tier_type == TIER_TYPE and holder.medium == PLASMA and self.liveness.alive
 
     def submit_store(self, job: TransferJob) -> None:
-        def call(keys: list[bytes], chunks: list[int], timeout: float) -> ray.ObjectRef:
-            return self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant_of(job.req_context))
-
-        self._send("store", job, call)
+        tenant = tenant_of(job.req_context)
+        self.send_job("store", job, lambda keys, chunks: self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant))
 
     def submit_load(self, job: TransferJob) -> None:
-        def call(keys: list[bytes], chunks: list[int], timeout: float) -> ray.ObjectRef:
-            # The copy must not land after we gave up on the job (the engine
-            # may reuse the slots): the actor checks this deadline.
-            deadline = time.time() + max(0.05, timeout - DEADLINE_GRACE_S)
-            return self.actor.load.remote(job.job_id, self.region, keys, chunks, self._sources(keys), deadline)
-
-        self._send("load", job, call)
-
-    def _send(self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int], float], ray.ObjectRef]) -> None:
-        """Track ``job`` and send its actor ``call``; any error becomes its failed result."""
-        self.jobs.begin(job)
-        try:
-            keys, chunks = self.job_slots(job)
-            if self._closed:
-                raise RuntimeError("object_store tier is shut down")
-            if not keys:
-                self.jobs.succeed(job, transfer_bytes=0)
-                return
-            timeout = self.options.job_timeout_s
-            ref = call(keys, chunks, timeout)
-            with self._lock:
-                self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + timeout)
-        except Exception as e:  # a job must end in a result, whatever happens
-            self.jobs.fail(job, f"object_store {kind} not submitted: {e!r}")
+        self.send_job("load", job, lambda keys, chunks: self.actor.load.remote(
+            job.job_id, self.region, keys, chunks, self._sources(keys), self.load_deadline()))
 
     def _sources(self, keys: list[bytes]) -> dict[str, list[int]]:
         """Per other node's actor, the positions of keys whose lookup answer
@@ -206,65 +168,6 @@ class ObjectStoreTier(DirectoryBackedTier):
                 out.setdefault(source.actor_name, []).append(i)
         return out
 
-    def _check_actor(self) -> None:
-        """Notice the node actor's death (and its restart) without blocking."""
-        if not self._closed:
-            self.liveness.poll()
-
-    def poll_jobs(self) -> None:
-        self._check_actor()
-        with self._lock:
-            if not self._inflight:
-                return
-            refs = list(self._inflight)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-        now = time.monotonic()
-        ready_set = set(ready)
-        finished: list[tuple[ray.ObjectRef | None, _InFlight]] = []
-        with self._lock:
-            for ref in refs:
-                if ref in ready_set or now > self._inflight[ref].deadline:
-                    finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
-        for ref, entry in finished:
-            self._finish(ref, entry)
-
-    def _finish(self, ref: ray.ObjectRef | None, entry: _InFlight) -> None:
-        job = entry.job
-        if ref is None:
-            self.jobs.fail(job, f"object_store {entry.kind} timed out after {self.options.job_timeout_s}s")
-            if entry.kind == "load":
-                self._cache.invalidate(entry.keys, TIER_TYPE)
-            return
-        try:
-            out = ray.get(ref, timeout=0)
-        except ray.exceptions.RayActorError as e:
-            self.jobs.fail(job, f"object_store actor of node {self.node_id} unavailable: {type(e).__name__}")
-            if entry.kind == "load":
-                self._cache.invalidate(entry.keys, TIER_TYPE)
-            return
-        except Exception as e:
-            self.jobs.fail(job, f"object_store {entry.kind} failed: {e!r}")
-            if entry.kind == "load":
-                self._cache.invalidate(entry.keys, TIER_TYPE)
-            return
-        if entry.kind == "store":
-            if out.get("error"):
-                self.jobs.fail(job, f"object_store store failed: {out['error']}")
-            else:
-                self._cache.note_stored(entry.keys, self.holder_info)
-                self.jobs.succeed(job, transfer_bytes=out.get("bytes", 0))
-            return
-        errors: dict[int, str] = out.get("errors", {})
-        if not errors:
-            self.jobs.succeed(job, transfer_bytes=out.get("bytes", 0))
-            return
-        self._cache.invalidate([entry.keys[i] for i in errors], TIER_TYPE)
-        originals = list(job.keys)
-        ok = [originals[i] for i in out.get("ok", [])]
-        shown = "; ".join(f"{entry.keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])
-        more = f"; +{len(errors) - 3} more" if len(errors) > 3 else ""
-        self.jobs.fail(job, f"{len(errors)} of {len(entry.keys)} keys not loaded: {shown}{more}", successful_keys=ok)
-
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Queued; sent to the node's actor once per step (``on_schedule_end``)."""
         if keys and not self._closed:
@@ -273,7 +176,8 @@ class ObjectStoreTier(DirectoryBackedTier):
 
     def on_schedule_end(self) -> None:
         super().on_schedule_end()
-        self._check_actor()
+        if not self._closed:
+            self.liveness.poll()
         with self._lock:
             touches, self._touches = self._touches, {}
         if touches and not self._closed:
@@ -282,11 +186,6 @@ class ObjectStoreTier(DirectoryBackedTier):
             except Exception as e:  # best effort
                 logger.debug("object_store touch not sent: %r", e)
 
-    def has_pending_work(self) -> bool:
-        with self._lock:
-            inflight = bool(self._inflight)
-        return inflight or super().has_pending_work()
-
     # -- tools -----------------------------------------------------------------
     def stats(self, timeout: float = 30.0) -> dict[str, Any]:
         """The node actor's stats (blocking; tools and tests)."""
@@ -294,14 +193,4 @@ class ObjectStoreTier(DirectoryBackedTier):
 
     def shutdown(self) -> None:
         """Fail what is still in flight; the node's actor and its blocks live on."""
-        if self._closed:
-            return
-        self._closed = True
-        self.leave_planner()
-        self.poll_jobs()
-        with self._lock:
-            left = list(self._inflight.values())
-            self._inflight.clear()
-        for entry in left:
-            self.jobs.fail(entry.job, "object_store tier shut down")
-        self.liveness.close()
+        self.close_calls()

@@ -111,5 +111,5 @@ def test_raykv_config_becomes_adapter_entries() -> None:
     ]
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.root"):
         raykv_kv_transfer_config({"tiers": [{"type": "fs"}]})
-    with pytest.raises(ConfigError, match=r"known types: example, fs, object_store"):
+    with pytest.raises(ConfigError, match=r"known types: example, example_node, fs, object_store"):
         raykv_kv_transfer_config({"tiers": [{"type": "redis"}]})

@@ -1,0 +1,107 @@
+"""The cluster-wide example tier on a real local Ray: what the bases give a
+tier that writes only its storage (directory, placement, jobs, holder death)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import raykv
+from raykv.contract import LookupResult
+from raykv.factory import TierFactory
+from raykv.keys import prefix_keys
+from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
+
+NS = "raykv-example-node-test"
+BLOCK = 8192
+
+
+@pytest.fixture(scope="module")
+def services(ray_local):
+    s = raykv.start({"namespace": NS, "directory_shards": 2})
+    yield s
+    s.shutdown()
+
+
+def _wait_name_free(name: str, timeout: float = 10.0) -> None:
+    """Until the GCS has the killed actor ``name`` dead (its name free again)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            ray.get_actor(name, namespace=NS)
+        except ValueError:
+            return
+        assert time.monotonic() < deadline, f"actor {name} still registered"
+        time.sleep(0.05)
+
+
+def _tier(services, region, **options):
+    return TierFactory.create_tier({"type": "example_node", **options}, region.view, services=services)
+
+
+def test_one_engine_loads_what_another_stored(services):
+    keys = prefix_keys(list(range(60)), 10)
+    with PrimaryRegion(8, BLOCK) as a, PrimaryRegion(8, BLOCK) as b:
+        a.array[:] = np.random.default_rng(1).integers(0, 256, a.array.shape, dtype=np.uint8)
+        writer, reader = _tier(services, a), _tier(services, b)
+        try:
+            assert TierDriver(writer).store(keys[:4], [0, 1, 2, 3]).success
+            assert reader.lookup_blocking(keys[:6]) == [LookupResult.HIT] * 4 + [LookupResult.MISS] * 2
+            res = TierDriver(reader).load(keys[:4], [7, 6, 5, 4])
+            assert res.success, res.error
+            for s, d in zip([0, 1, 2, 3], [7, 6, 5, 4]):
+                assert np.array_equal(a.array[s], b.array[d])
+            # a key it lost is a failed key, not a failed engine
+            res = TierDriver(reader).load([keys[0], keys[5]], [0, 1])
+            assert not res.success and list(res.successful_keys) == [keys[0]]
+            assert ray.get(writer.actor.stats.remote())["blocks"] == 4
+        finally:
+            writer.shutdown()
+            reader.shutdown()
+
+
+def test_capacity_evicts_least_recently_used_and_unregisters(services):
+    keys = prefix_keys(list(range(1000, 1060)), 10)
+    with PrimaryRegion(6, BLOCK) as region:
+        old = _tier(services, region)
+        ray.kill(old.actor, no_restart=True)  # start this node's actor afresh, with room for 3 blocks
+        old.shutdown()
+        _wait_name_free(old.holder_info.actor_name)
+        tier = _tier(services, region, capacity_bytes=3 * BLOCK)
+        try:
+            for i in range(6):
+                assert TierDriver(tier).store([keys[i]], [i]).success
+            stats = ray.get(tier.actor.stats.remote())
+            assert (stats["blocks"], stats["bytes"], stats["evicted"]) == (3, 3 * BLOCK, 3)
+            held = [bool(h) for h in services.directory.lookup([tier.scope(k) for k in keys[:6]])]
+            assert held == [False] * 3 + [True] * 3, "evicted blocks must leave the directory"
+            # another engine asking for more keeps the running actor's capacity
+            other = _tier(services, region, capacity_bytes=100 * BLOCK)
+            other.shutdown()
+            assert ray.get(tier.actor.stats.remote())["capacity_bytes"] == 3 * BLOCK
+        finally:
+            tier.shutdown()
+
+
+def test_a_dead_holder_leaves_the_directory_and_lookups_miss(services):
+    keys = prefix_keys(list(range(2000, 2030)), 10)  # 3 blocks: within any capacity the actor runs with
+    with PrimaryRegion(4, BLOCK) as region:
+        tier = _tier(services, region)
+        try:
+            assert TierDriver(tier).store(keys, [0, 1, 2]).success
+            assert [bool(h) for h in services.directory.lookup([tier.scope(k) for k in keys])] == [True] * 3
+            ray.kill(tier.actor, no_restart=True)
+            deadline = time.monotonic() + 10
+            while any(services.directory.lookup([tier.scope(k) for k in keys])):
+                assert time.monotonic() < deadline, "the dead holder's entries stayed in the directory"
+                time.sleep(0.05)
+            services.lookup_cache.invalidate([tier.scope(k) for k in keys])
+            assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 3
+            res = TierDriver(tier).load(keys[:1], [0])  # a job still ends in a result
+            assert not res.success
+        finally:
+            tier.shutdown()
