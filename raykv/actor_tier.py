@@ -94,6 +94,11 @@ class DirectoryBackedTier(SecondaryTier):
     def can_load(self, holder: HolderInfo) -> bool:
         """Whether this tier can read ``holder``'s blocks now (reachable, its actor alive)."""
 
+    @property
+    def holder_alive(self) -> bool:
+        """Whether this tier's holder actor is up, as last polled (never blocks)."""
+        return self.liveness is None or self.liveness.alive
+
     def serves(self, holders: list[HolderInfo]) -> bool:
         """Whether this tier should load a key held by ``holders``: it reads
         the holder ``raykv.placement.choose`` picks among those the process's

@@ -33,7 +33,11 @@ HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no off
 NAMESPACE = "raykv-bench-e2e"
 ENGINE_BLOCKS = 16
 PRIMARY_CHUNKS = 96
-CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv")
+CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_wait")
+#: ``lookup_wait_ms`` of the ``raykv_wait`` config: a request's first lookup
+#: waits up to this long for the one directory call of its whole prefix, so
+#: its HITs and MISSes are answered in the step that asked.
+LOOKUP_WAIT_MS = 5.0
 HIT_PREFIX_TOKENS = 1024
 PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
 
@@ -56,15 +60,18 @@ def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
         return kv_transfer_config([], cpu_bytes=cpu)
     if name == "vllm_fs":
         return kv_transfer_config([{"type": "fs", "root_dir": f"{root}/vllm-fs"}], cpu_bytes=cpu)
-    return raykv_kv_transfer_config(_raykv_config(root), cpu_bytes=cpu)
+    return raykv_kv_transfer_config(_raykv_config(name, root), cpu_bytes=cpu)
 
 
-def _raykv_config(root: str) -> dict[str, Any]:
+def _raykv_config(name: str, root: str, lookup_wait_ms: float = 0.0) -> dict[str, Any]:
+    """raykv as config ``name`` runs it; each config has its own fs root (a
+    root outlives its actor: a later config would start warm)."""
     return {
         "namespace": NAMESPACE,
+        "lookup_wait_ms": lookup_wait_ms,
         "tiers": [
             {"type": "object_store", "capacity_bytes": 256 << 20},
-            {"type": "fs", "root": f"{root}/raykv-fs", "capacity_bytes": 1 << 30},
+            {"type": "fs", "root": f"{root}/{name}-fs", "capacity_bytes": 1 << 30},
         ],
     }
 
@@ -94,31 +101,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster, nodes = start_local_cluster(args.replicas)
     progress = tqdm(total=len(configs) * len(trace), file=sys.stderr, disable=args.no_progress, unit="req")
     per_config: dict[str, Any] = {}
-    result_probe: dict[str, Any] | None = None
+    probes: dict[str, dict[str, Any]] = {}
+    lookups: dict[str, dict[str, float]] = {}
     raw: dict[str, list[dict[str, Any]]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
             for name in configs:
-                services = raykv.start(_raykv_config(root)) if name == "raykv" else None
+                ours = name.startswith("raykv")
+                wait_ms = LOOKUP_WAIT_MS if name == "raykv_wait" else 0.0
+                services = raykv.start(_raykv_config(name, root, wait_ms)) if ours else None
                 t0 = time.perf_counter()
-                results, probe = run_trace(
+                results, after = run_trace(
                     name, nodes, model, _kv_config(name, chunk, root), trace, kw, progress,
-                    after=_prefix_probe if name == "raykv" else None,
+                    after=_lookups_then_probe if ours else None,
                 )
-                if probe is not None:
-                    result_probe = probe
+                if after is not None:
+                    probes[name] = after["probe"]
+                    lookups[name] = after["lookups"]
                 wall = time.perf_counter() - t0
                 if services is not None:
                     services.shutdown()
                 raw[name] = results
                 busy = sum(r["ttft_ms"] for r in results) / 1000
                 ttft = [r["ttft_ms"] for r in results]
+                promoted = [r["ttft_ms"] for r in results if r["cached_tokens"] >= HIT_PREFIX_TOKENS]
                 hits = sum(r["cached_tokens"] for r in results)
                 per_config[name] = {
                     "hit_tokens": hits,
                     "hit_rate": hits / prompt_tokens,
                     "ttft_p50_ms": percentile(ttft, 50),
                     "ttft_p99_ms": percentile(ttft, 99),
+                    # requests that found >= 1k prefix tokens cached (the same requests in every
+                    # config that reaches the oracle's hit rate)
+                    "promoted_requests": len(promoted),
+                    "ttft_p50_promoted_ms": percentile(promoted, 50) if promoted else None,
                     "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
                     "wall_s_with_replica_start": wall,
                 }
@@ -140,9 +156,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["share_of_oracle"] = {name: c["hit_rate"] / result["oracle_hit_rate"] for name, c in per_config.items()}
     result["hit_speedup"] = _hit_speedup(raw)
-    result["prefix_probe"] = result_probe
+    result["prefix_probe"] = probes.get("raykv") or probes.get("raykv_wait")
+    result["prefix_probes"] = probes
+    result["raykv_lookups"] = lookups
     result["targets"] = _targets(result)
     return result
+
+
+def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
+    """After a raykv config's trace: its tiers' lookup answers (HIT / MISS /
+    RETRY, summed over replicas), then the 1k-prefix probe."""
+    import ray
+
+    totals: dict[str, float] = {}
+    for counts in ray.get([r.raykv_lookups.remote() for r in replicas], timeout=120):
+        for k, v in counts.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return {"lookups": totals, "probe": _prefix_probe(replicas)}
 
 
 def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
@@ -196,6 +226,12 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     cfg = r["configs"]
     if "raykv" in cfg:
         out.append(target("raykv hit rate / oracle", cfg["raykv"]["hit_rate"] / r["oracle_hit_rate"], 0.9))
+    fs = cfg.get("vllm_fs", {}).get("ttft_p50_promoted_ms")
+    for name in ("raykv", "raykv_wait"):
+        ours = cfg.get(name, {}).get("ttft_p50_promoted_ms")
+        if fs and ours:
+            out.append(target(f"TTFT p50 vLLM fs / {name}, promoted requests", fs / ours, 1.0,
+                              detail=f"{fs:.1f} vs {ours:.1f} ms"))
     probe = r.get("prefix_probe") or {}
     out.append(
         target(
@@ -217,16 +253,23 @@ def format_result(r: dict[str, Any]) -> str:
             f"{r['share_of_oracle'][name]:.0%}",
             c["ttft_p50_ms"],
             c["ttft_p99_ms"],
+            c.get("ttft_p50_promoted_ms"),
             c["prompt_tokens_per_s"],
         )
         for name, c in r["configs"].items()
     ]
-    rows.append(("oracle (one unbounded cache)", r["oracle_hit_tokens"], f"{r['oracle_hit_rate']:.0%}", "100%", None, None, None))
+    rows.append(("oracle (one unbounded cache)", r["oracle_hit_tokens"], f"{r['oracle_hit_rate']:.0%}", "100%", None, None, None, None))
     head = (
         f"e2e: {r['replicas']} vLLM replicas round-robin, {r['requests']} requests, "
         f"{r['prompt_tokens']} prompt tokens, model {r['model']}"
     )
-    out = [table(("config", "hit tokens", "hit rate", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "prompt tok/s"), rows, title=head)]
+    cols = ("config", "hit tokens", "hit rate", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "p50 promoted ms", "prompt tok/s")
+    out = [table(cols, rows, title=head)]
+    for name, counts in (r.get("raykv_lookups") or {}).items():
+        out.append(
+            f"{name} lookups: {counts.get('hits', 0):.0f} HIT, {counts.get('misses', 0):.0f} MISS, "
+            f"{counts.get('retries', 0):.0f} RETRY (answered a step later)"
+        )
     speed = r.get("hit_speedup")
     if speed and speed.get("requests"):
         out.append(

@@ -105,6 +105,14 @@ class EngineReplica:
             if m.name == "vllm:prompt_tokens_cached_by_source"
         }
 
+    def raykv_lookups(self) -> dict[str, float]:
+        """raykv tier lookups answered HIT / MISS / RETRY so far (``vllm:raykv_lookup_*``, all tiers)."""
+        out = {"hits": 0.0, "misses": 0.0, "retries": 0.0}
+        for m in self.llm.get_metrics():
+            if m.name.startswith("vllm:raykv_lookup_") and hasattr(m, "value"):
+                out[m.name.removeprefix("vllm:raykv_lookup_")] = out.get(m.name.removeprefix("vllm:raykv_lookup_"), 0.0) + m.value
+        return out
+
     def shutdown(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()
 

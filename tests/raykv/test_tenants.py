@@ -100,7 +100,7 @@ def _burst(tier, region, quota_blocks: int) -> tuple[list[LookupResult], list[by
     a_keys = raykv.prefix_keys(list(range(16 * 80)), 16, salt="a")
     for i in range(0, 80, 4):
         assert a.store(a_keys[i : i + 4], list(range(16, 20))).success  # a's quota evicts a's own blocks
-    tier._cache.invalidate(b_keys)
+    tier.services.lookup_cache.invalidate(b_keys)
     hits = b.lookup(b_keys)
     ok = b.load(b_keys, list(range(32, 32 + quota_blocks))).success
     got = [region.array[32 + i].tobytes() for i in range(quota_blocks)] if ok else []

@@ -275,6 +275,7 @@ class FsTier(DirectoryBackedTier):
         self._closed = False
         self._pool = io_pool.IoPool(options.io_threads, name="raykv-fs-io")
         self._control = _Controller(self)
+        self.liveness = self._control.liveness
 
     # -- services ------------------------------------------------------------
     @classmethod
@@ -300,7 +301,7 @@ class FsTier(DirectoryBackedTier):
 
     # -- contract ------------------------------------------------------------
     def can_load(self, holder: HolderInfo) -> bool:
-        return holder.holder_id == self.holder_id and self._control.alive
+        return holder.holder_id == self.holder_id and self.holder_alive
 
     def poll_jobs(self) -> None:
         """Nothing to poll: I/O threads and the control thread finish jobs."""

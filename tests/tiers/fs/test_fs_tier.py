@@ -406,7 +406,7 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
             assert time.monotonic() - t0 < 30, "root actor did not restart"
             time.sleep(0.05)
         assert _held(raykv_services, keys) == [True] * 6  # re-registered
-        while not tier._control.alive:  # the tier follows the restart
+        while not tier.holder_alive:  # the tier follows the restart
             assert time.monotonic() - t0 < 30
             time.sleep(0.05)
         raykv_services.lookup_cache.invalidate(scoped_keys(keys))

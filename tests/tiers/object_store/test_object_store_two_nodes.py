@@ -42,14 +42,14 @@ class Engine:
 
     def lookup(self, keys: list[bytes], fresh: bool = True) -> list[str]:
         if fresh:
-            self.tier._cache.invalidate(scoped_keys(keys))
+            self.tier.services.lookup_cache.invalidate(scoped_keys(keys))
         return [r.name for r in self.tier.lookup_blocking(keys)]
 
     def load(self, keys: list[bytes], forget: bool = False) -> tuple[bool, list[bytes], list[str], float]:
         from raykv.tier_driver import TierDriver
 
         if forget:  # no hint from the lookup cache: the node actor asks the directory
-            self.tier._cache.invalidate(scoped_keys(keys))
+            self.tier.services.lookup_cache.invalidate(scoped_keys(keys))
         self.region.array[:] = 0
         slots = list(range(len(keys)))[::-1]
         t0 = time.perf_counter()
