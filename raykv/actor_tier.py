@@ -71,6 +71,7 @@ class DirectoryBackedTier(SecondaryTier):
         self.services.register_identity(self.identity)
         self._events: HoldingsFeed | None = None
         self.services.planner.add(self.key_tag, self)
+        self._lookup_wait_s = float(getattr(self.services.config, "lookup_wait_ms", 0.0)) / 1000
 
     # -- KV events -----------------------------------------------------------
     #: The holder actor whose holdings this tier reports (set by subclasses).
@@ -156,10 +157,12 @@ class DirectoryBackedTier(SecondaryTier):
 
     def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
         """At a request's first unknown key: look up its whole prefix (or this
-        key) in one directory call and wait up to ``lookup_wait_ms`` for it, so
-        that HIT and MISS are answered in the step that asked."""
-        wait_s = getattr(self.services.config, "lookup_wait_ms", 0.0) / 1000
-        if wait_s <= 0 or req_context.prefix_resolved:
+        key) in one directory call, so one step later every key of it is
+        known. Wait for the answer up to ``lookup_wait_ms`` while this
+        process's directory round trips fit in it (``LookupCache.wait_budget``),
+        so that HIT and MISS are answered in the step that asked. True when
+        answered now."""
+        if req_context.prefix_resolved:
             return False
         req_context.prefix_resolved = True
         keys = [key]
@@ -172,7 +175,9 @@ class DirectoryBackedTier(SecondaryTier):
                 ]
             except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
                 logger.debug("prefix keys unavailable: %r", e)
-        return self._cache.resolve(keys, wait_s)
+        if len(keys) == 1 and req_context.prefix_keys is None and self._lookup_wait_s <= 0:
+            return False  # nothing to gain over the step's batched call
+        return self._cache.resolve(keys, self._cache.wait_budget(self._lookup_wait_s))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return self.services.policy.decide(self.tier_type, req_context)

@@ -33,11 +33,10 @@ HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no off
 NAMESPACE = "raykv-bench-e2e"
 ENGINE_BLOCKS = 16
 PRIMARY_CHUNKS = 96
-CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_wait")
-#: ``lookup_wait_ms`` of the ``raykv_wait`` config: a request's first lookup
-#: waits up to this long for the one directory call of its whole prefix, so
-#: its HITs and MISSes are answered in the step that asked.
-LOOKUP_WAIT_MS = 5.0
+CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait")
+#: raykv's configs: its defaults, and ``lookup_wait_ms=0`` (a request's first
+#: lookup never waits for the directory: its answers come one step later).
+RAYKV_SETTINGS: dict[str, dict[str, Any]] = {"raykv": {}, "raykv_no_wait": {"lookup_wait_ms": 0.0}}
 HIT_PREFIX_TOKENS = 1024
 PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
 
@@ -63,12 +62,12 @@ def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
     return raykv_kv_transfer_config(_raykv_config(name, root), cpu_bytes=cpu)
 
 
-def _raykv_config(name: str, root: str, lookup_wait_ms: float = 0.0) -> dict[str, Any]:
+def _raykv_config(name: str, root: str) -> dict[str, Any]:
     """raykv as config ``name`` runs it; each config has its own fs root (a
     root outlives its actor: a later config would start warm)."""
     return {
         "namespace": NAMESPACE,
-        "lookup_wait_ms": lookup_wait_ms,
+        **RAYKV_SETTINGS[name],
         "tiers": [
             {"type": "object_store", "capacity_bytes": 256 << 20},
             {"type": "fs", "root": f"{root}/{name}-fs", "capacity_bytes": 1 << 30},
@@ -107,9 +106,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
             for name in configs:
-                ours = name.startswith("raykv")
-                wait_ms = LOOKUP_WAIT_MS if name == "raykv_wait" else 0.0
-                services = raykv.start(_raykv_config(name, root, wait_ms)) if ours else None
+                ours = name in RAYKV_SETTINGS
+                services = raykv.start(_raykv_config(name, root)) if ours else None
                 t0 = time.perf_counter()
                 results, after = run_trace(
                     name, nodes, model, _kv_config(name, chunk, root), trace, kw, progress,
@@ -156,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["share_of_oracle"] = {name: c["hit_rate"] / result["oracle_hit_rate"] for name, c in per_config.items()}
     result["hit_speedup"] = _hit_speedup(raw)
-    result["prefix_probe"] = probes.get("raykv") or probes.get("raykv_wait")
+    result["prefix_probe"] = probes.get("raykv") or probes.get("raykv_no_wait")
     result["prefix_probes"] = probes
     result["raykv_lookups"] = lookups
     result["targets"] = _targets(result)
@@ -227,7 +225,7 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     if "raykv" in cfg:
         out.append(target("raykv hit rate / oracle", cfg["raykv"]["hit_rate"] / r["oracle_hit_rate"], 0.9))
     fs = cfg.get("vllm_fs", {}).get("ttft_p50_promoted_ms")
-    for name in ("raykv", "raykv_wait"):
+    for name in RAYKV_SETTINGS:
         ours = cfg.get(name, {}).get("ttft_p50_promoted_ms")
         if fs and ours:
             out.append(target(f"TTFT p50 vLLM fs / {name}, promoted requests", fs / ours, 1.0,

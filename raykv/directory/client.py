@@ -218,6 +218,10 @@ class LookupCache:
         self._pending: list[PendingLookup] = []
         self.lookups_sent = 0
         self.evicted = 0  # answers dropped to stay within max_entries
+        #: Smoothed round trip of the lookups this process waited for (seconds; None: none yet).
+        self.rtt_s: float | None = None
+        self._last_probe = 0.0
+        self._timed: set[int] = set()  # ids of waited-for lookups that answered late
 
     def __len__(self) -> int:
         """Answers kept now (at most ``max_entries``)."""
@@ -282,6 +286,8 @@ class LookupCache:
         for p in pending:
             try:
                 if p.done():
+                    if id(p) in self._timed:  # a wait that timed out: its round trip, at most this
+                        self._observe_rtt(time.monotonic() - p.sent_at)
                     answers = p.result(timeout=0)
                 elif time.monotonic() - p.sent_at > self.max_wait_s:
                     logger.warning("directory lookup of %d keys timed out", len(p.keys))
@@ -293,6 +299,7 @@ class LookupCache:
                 answers = [[] for _ in p.keys]
             with self._lock:
                 self._pending.remove(p)
+                self._timed.discard(id(p))
                 for k in p.keys:
                     if self._in_flight.get(k) is p:
                         del self._in_flight[k]
@@ -314,6 +321,25 @@ class LookupCache:
             for _ in range(over):
                 cache.popitem(last=False)
 
+    #: While round trips are slower than the wait, still wait once per this many
+    #: seconds, to notice that the directory got fast again.
+    PROBE_EVERY_S = 1.0
+
+    def wait_budget(self, wait_s: float) -> float:
+        """How long a lookup may wait for the directory: ``wait_s`` while this
+        process's recent round trips fit in it, else 0 (a wait that would time
+        out anyway only delays the step), except one probe per ``PROBE_EVERY_S``."""
+        if wait_s <= 0 or self.rtt_s is None or self.rtt_s <= wait_s:
+            return max(wait_s, 0.0)
+        now = time.monotonic()
+        if now - self._last_probe >= self.PROBE_EVERY_S:
+            self._last_probe = now
+            return wait_s
+        return 0.0
+
+    def _observe_rtt(self, seconds: float) -> None:
+        self.rtt_s = seconds if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * seconds
+
     def resolve(self, keys: Sequence[bytes], timeout_s: float) -> bool:
         """Look ``keys`` up now, in one batched call, and wait at most
         ``timeout_s`` for the answer (a request's whole prefix at its first
@@ -333,6 +359,8 @@ class LookupCache:
         refs = pending.refs()
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
         if len(ready) == len(refs):
+            if timeout_s > 0:
+                self._observe_rtt(time.monotonic() - pending.sent_at)
             try:
                 answers = pending.result(timeout=0)
             except Exception as e:  # a shard died mid-lookup: treat as misses
@@ -343,6 +371,8 @@ class LookupCache:
                 self.lookups_sent += 1
             return True
         with self._lock:  # not in time: ``poll`` absorbs it later
+            if timeout_s > 0:
+                self._timed.add(id(pending))
             self.lookups_sent += 1
             self._pending.append(pending)
             for k in unknown:

@@ -17,7 +17,7 @@ from raykv.primary import PrimaryRegion
 @pytest.fixture
 def tier_and_services(ray_local):
     # A generous wait: the call returns as soon as the answer lands; the test times nothing.
-    services = raykv.start({"namespace": "raykv-no-extra-step", "directory_shards": 2, "lookup_wait_ms": 30_000.0})
+    services = raykv.start({"namespace": "raykv-no-extra-step", "directory_shards": 2, "lookup_wait_ms": 1000.0})
     region = PrimaryRegion(16, 4096)
     tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
     yield tier, services
@@ -46,3 +46,43 @@ def test_a_miss_is_answered_in_the_step_that_asked(tier_and_services):
     ctx = ReqContext("r2")  # no prefix known: the first key alone is resolved at once
     assert tier.lookup(fresh[0], ctx) is LookupResult.MISS
     assert tier.lookup(fresh[1], ctx) is LookupResult.RETRY  # later keys: batched, answered next step
+
+
+def test_without_a_wait_the_prefix_still_goes_in_one_call(ray_local):
+    """lookup_wait_ms=0: nothing waits, but the request's first lookup sends its
+    whole prefix, so the next step knows every key (one RETRY round, not one per key)."""
+    services = raykv.start({"namespace": "raykv-no-wait", "directory_shards": 2, "lookup_wait_ms": 0.0})
+    try:
+        with PrimaryRegion(16, 4096) as region:
+            tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+            try:
+                keys = prefix_keys(list(range(9000, 9000 + 6 * 16)), 16)
+                assert TierDriver(tier).store(keys[:3], [0, 1, 2]).success
+                cache = services.lookup_cache
+                cache.invalidate(scoped_keys(keys))
+                sent = cache.lookups_sent
+                ctx = ReqContext("r3", prefix_keys=lambda: keys)
+                assert tier.lookup(keys[0], ctx) is LookupResult.RETRY
+                assert cache.lookups_sent - sent == 1
+                cache.wait(10)  # the next step: the one call has answered
+                assert [tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 3 + [LookupResult.MISS] * 3
+                assert cache.lookups_sent - sent == 1, "later keys of the prefix were asked again"
+            finally:
+                tier.shutdown()
+    finally:
+        services.shutdown()
+
+
+def test_wait_budget_follows_the_directory_round_trip(tier_and_services):
+    """Waiting pays only while round trips fit in the wait; a slow directory is
+    probed once a second, so a recovered one is waited for again."""
+    _, services = tier_and_services
+    cache = services.lookup_cache
+    cache.rtt_s = None
+    assert cache.wait_budget(0.005) == 0.005  # nothing known yet: wait
+    assert cache.wait_budget(0.0) == 0.0
+    cache.rtt_s = 0.050  # round trips slower than the budget
+    assert cache.wait_budget(0.005) == 0.005  # the probe
+    assert cache.wait_budget(0.005) == 0.0  # then no waiting until the next probe
+    cache.rtt_s = 0.001
+    assert cache.wait_budget(0.005) == 0.005
