@@ -24,21 +24,20 @@ import ray
 from raykv.cluster import RaykvServices, attach
 from raykv.contract import (
     JobResult,
-    TierEvent,
     LookupResult,
     ReqContext,
     RequestOffloadingContext,
     SecondaryTier,
+    TierEvent,
     TransferJob,
 )
 from raykv.errors import RaykvError, root_cause
+from raykv.identity import KVIdentity
+from raykv.jobs import JobTracker, MeteredJobTracker
+from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
+from raykv.metrics.recorders import TierMetrics
 from raykv.placement import HolderInfo
 from raykv.polling import ActorLiveness, HoldingsFeed, poll_ref
-from raykv.identity import KVIdentity
-from raykv.jobs import JobTracker
-from raykv.jobs import MeteredJobTracker
-from raykv.metrics.recorders import TierMetrics
-from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +122,9 @@ class DirectoryBackedTier(SecondaryTier):
         if info["requested_capacity_bytes"] != requested_capacity:
             logger.warning(
                 "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
-                what, info["requested_capacity_bytes"], requested_capacity,
+                what,
+                info["requested_capacity_bytes"],
+                requested_capacity,
             )
         return info
 
@@ -170,7 +171,8 @@ class DirectoryBackedTier(SecondaryTier):
             tag = self.key_tag
             try:
                 keys += [
-                    tag + k for k in req_context.prefix_keys()
+                    tag + k
+                    for k in req_context.prefix_keys()
                     if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
                 ]
             except Exception as e:  # the engine's bookkeeping: never fail a lookup over it

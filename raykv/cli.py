@@ -28,10 +28,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     import raykv
 
     services = raykv.start(_load_config(args.config, args.namespace), address=args.address)
-    print(
-        f"raykv running in Ray namespace {services.namespace!r} "
-        f"({services.directory.num_shards} directory shards)"
-    )
+    print(f"raykv running in Ray namespace {services.namespace!r} ({services.directory.num_shards} directory shards)")
     return 0
 
 
@@ -109,8 +106,9 @@ def _add_bench_parser(sub: Any) -> None:
     names = sp.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(bench.available()) + "}")
     for name in bench.available():
         module = bench.load(name)
-        bp = names.add_parser(name, help=module.HELP, description=module.__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+        bp = names.add_parser(
+            name, help=module.HELP, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         bp.add_argument("--json", action="store_true", help="print one JSON object")
         bp.add_argument("--quick", action="store_true", help="a small, fast configuration (smoke tests)")
         bp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -147,9 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-metrics", action="store_true", help="skip the engines' hit rates (no metrics scrape)")
     sp.set_defaults(func=cmd_status)
 
-    sp = sub.add_parser(
-        "invalidate", help="drop every cached block of a model (one revision, or all) from every tier"
-    )
+    sp = sub.add_parser("invalidate", help="drop every cached block of a model (one revision, or all) from every tier")
     common(sp)
     sp.add_argument("--model", required=True, help="the model name or path, as the engines loaded it")
     sp.add_argument("--revision", help="only this revision (default: every revision and weights version)")
@@ -172,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument("--model", help="model path (default: a tiny local model, built once and cached)")
-    sp.add_argument("--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)")
+    sp.add_argument(
+        "--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)"
+    )
     sp.add_argument("--sessions", type=_positive_int, default=5, help="conversations in the workload (default 5)")
     sp.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")
     sp.set_defaults(func=cmd_demo)

@@ -9,14 +9,14 @@ from typing import Any
 import ray
 
 from raykv import grafana, naming
-from raykv.identity import KVIdentity
 from raykv.config import RaykvConfig
-from raykv.directory.client import DirectoryClient, LookupCache
-from raykv.policy import PolicyCache
 from raykv.control import ControlActor
+from raykv.directory.client import DirectoryClient, LookupCache
 from raykv.directory.shard import DirectoryShard
 from raykv.errors import RaykvError
+from raykv.identity import KVIdentity
 from raykv.placement import LoadPlanner
+from raykv.policy import PolicyCache
 from raykv.validate import ArgumentError
 
 logger = logging.getLogger(__name__)
@@ -61,9 +61,7 @@ def _get_actor(name: str, namespace: str) -> Any | None:
 
 
 def _named(cls: Any, name: str, namespace: str, *args: Any) -> Any:
-    return cls.options(
-        name=name, namespace=namespace, lifetime="detached", get_if_exists=True
-    ).remote(*args)
+    return cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
 
 
 class RaykvServices:
@@ -158,9 +156,7 @@ class RaykvServices:
             _attached.pop(_session_key(self.namespace), None)
 
 
-def invalidate_identities(
-    services: RaykvServices, model: str, revision: str | None, timeout: float
-) -> dict[str, Any]:
+def invalidate_identities(services: RaykvServices, model: str, revision: str | None, timeout: float) -> dict[str, Any]:
     """``RaykvServices.invalidate``: match identities, then every holder drops their keys."""
     if not isinstance(model, str) or not model:
         raise ValueError(f"model: must be a non-empty str, got {model!r}")
@@ -168,7 +164,8 @@ def invalidate_identities(
         raise ValueError(f"revision: must be a str or None, got {revision!r}")
     known = services.identities()
     tags = sorted(
-        tag for tag, ident in known.items()
+        tag
+        for tag, ident in known.items()
         if ident.get("model") == model and (revision is None or ident.get("revision") == revision)
     )
     dropped: dict[str, int] = {}
@@ -194,9 +191,7 @@ def invalidate_identities(
     }
 
 
-def start(
-    config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None
-) -> RaykvServices:
+def start(config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None) -> RaykvServices:
     """Start raykv's services (or reuse running ones) and the configured tiers.
 
     ``config`` (a dict or a ``RaykvConfig``) is validated first: a bad one
@@ -251,8 +246,7 @@ def attach(
         if start_if_missing:
             return start({"namespace": namespace})
         raise RaykvError(
-            f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` "
-            "(or raykv.start()) first"
+            f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` (or raykv.start()) first"
         )
     config = RaykvConfig.from_dict(ray.get(control.config.remote()))
     shards = []

@@ -32,8 +32,13 @@ def opt(
     above ``warn_above`` a value is legal but logs one warning.
     """
     meta = {
-        "kind": kind, "min": min, "max": max, "warn_above": warn_above,
-        "choices": choices, "check": check, "doc": doc,
+        "kind": kind,
+        "min": min,
+        "max": max,
+        "warn_above": warn_above,
+        "choices": choices,
+        "check": check,
+        "doc": doc,
     }
     if default is _REQUIRED:
         return field(default=None, metadata={**meta, "required": True})
@@ -121,9 +126,7 @@ class RaykvConfig:
     """Cluster-wide raykv settings (what `raykv start` and `raykv.attach` use)."""
 
     namespace: str = opt("raykv", kind=str, check=check_namespace, doc="Ray namespace of the raykv actors")
-    directory_shards: int = opt(
-        2, kind=int, min=1, max=1024, warn_above=64, doc="number of directory shard actors"
-    )
+    directory_shards: int = opt(2, kind=int, min=1, max=1024, warn_above=64, doc="number of directory shard actors")
     policy_refresh_s: float = opt(
         5.0, kind=float, min=0.05, max=3600.0, doc="long-poll period of engine-side policy caches"
     )
@@ -164,9 +167,7 @@ class RaykvConfig:
         doc="seconds between the one-line live status each raykv actor logs (the Ray dashboard shows it "
         "under the actor's Logs; logged only when it changed); 0 = off",
     )
-    tiers: list = opt(
-        [], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`"
-    )
+    tiers: list = opt([], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`")
     rules: list = opt([], kind=list, doc="policy rules registered at start")
 
     @classmethod

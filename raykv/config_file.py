@@ -42,7 +42,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError(where, f"must hold a mapping (namespace:, tiers:, ...) at its top level, got {type_name(raw)}")
+        raise ConfigError(
+            where, f"must hold a mapping (namespace:, tiers:, ...) at its top level, got {type_name(raw)}"
+        )
     return raw
 
 
@@ -82,9 +84,13 @@ def _parse_yaml(text: str, where: str) -> Any:
             try:
                 hash(key)
             except TypeError:
-                raise ConfigError(where, f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar") from None
+                raise ConfigError(
+                    where, f"line {key_node.start_mark.line + 1}: a mapping key must be a scalar"
+                ) from None
             if key in out:
-                raise ConfigError(where, f"line {key_node.start_mark.line + 1}: key {key!r} appears twice in one mapping")
+                raise ConfigError(
+                    where, f"line {key_node.start_mark.line + 1}: key {key!r} appears twice in one mapping"
+                )
             out[key] = loader.construct_object(value_node, deep=deep)
         return out
 

@@ -48,9 +48,7 @@ class OffloadPolicy(Enum):
                 return member
         if text == "block_level":
             return cls.CHUNK_LEVEL
-        raise ValueError(
-            f"unknown offload policy {value!r}; allowed: chunk_level, block_level, request_level"
-        )
+        raise ValueError(f"unknown offload policy {value!r}; allowed: chunk_level, block_level, request_level")
 
 
 @dataclass
@@ -145,8 +143,7 @@ class SecondaryTier(ABC):
     ) -> None:
         if primary_kv_view.ndim != 2:
             raise ValueError(
-                "primary_kv_view must be 2-D (num_chunks, bytes_per_chunk), "
-                f"got shape {primary_kv_view.shape}"
+                f"primary_kv_view must be 2-D (num_chunks, bytes_per_chunk), got shape {primary_kv_view.shape}"
             )
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type

@@ -39,9 +39,7 @@ class HoldingsLog:
         while self._keys > self.max_keys and len(self._entries) > 1:
             self._keys -= len(self._entries.popleft()[2])
 
-    def read(
-        self, since: int | None, tag: bytes, holdings: Callable[[], Sequence[bytes]]
-    ) -> dict[str, Any]:
+    def read(self, since: int | None, tag: bytes, holdings: Callable[[], Sequence[bytes]]) -> dict[str, Any]:
         """Entries from ``since`` on whose keys start with ``tag`` (keys unchanged,
         still scoped). ``since=None``, or a ``since`` the ring no longer holds:
         a ``snapshot`` of every held key of ``tag`` instead."""

@@ -97,16 +97,12 @@ def _import_tier_class(module_path: str, class_name: str, field: str) -> type[Se
     try:
         module = importlib.import_module(module_path)
     except Exception as e:
-        raise ConfigError(
-            field, f"cannot import module {module_path!r} for tier class {class_name!r}: {e!r}"
-        ) from e
+        raise ConfigError(field, f"cannot import module {module_path!r} for tier class {class_name!r}: {e!r}") from e
     tier_cls = getattr(module, class_name, None)
     if tier_cls is None:
         raise ConfigError(field, f"module {module_path!r} has no tier class {class_name!r}")
     if not (isinstance(tier_cls, type) and issubclass(tier_cls, SecondaryTier)):
-        raise ConfigError(
-            field, f"{module_path}.{class_name} is not a raykv.contract.SecondaryTier subclass"
-        )
+        raise ConfigError(field, f"{module_path}.{class_name} is not a raykv.contract.SecondaryTier subclass")
     return tier_cls
 
 

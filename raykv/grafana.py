@@ -64,7 +64,10 @@ def provision(timeout_s: float = 30.0) -> str | None:
     """
     try:
         me = ray.get_runtime_context().get_node_id()
-        head = next((n["NodeID"] for n in ray.nodes() if n.get("Alive", n.get("alive")) and _HEAD_RESOURCE in n["Resources"]), None)
+        head = next(
+            (n["NodeID"] for n in ray.nodes() if n.get("Alive", n.get("alive")) and _HEAD_RESOURCE in n["Resources"]),
+            None,
+        )
         if head is None:
             return None
         if head == me:

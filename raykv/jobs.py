@@ -105,7 +105,6 @@ class MeteredJobTracker(JobTracker):
         return accepted
 
 
-
 _REASONS = (
     ("timed out", "timeout"),
     ("drain timeout", "timeout"),

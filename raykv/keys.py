@@ -33,9 +33,7 @@ def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:
         raise ArgumentError("block_hash", f"must be bytes, got {type(block_hash).__name__}")
     block_hash = bytes(block_hash)
     if not 1 <= len(block_hash) <= MAX_KEY_BYTES - GROUP_IDX_BYTES:
-        raise ArgumentError(
-            "block_hash", f"must be 1..{MAX_KEY_BYTES - GROUP_IDX_BYTES} bytes, got {len(block_hash)}"
-        )
+        raise ArgumentError("block_hash", f"must be 1..{MAX_KEY_BYTES - GROUP_IDX_BYTES} bytes, got {len(block_hash)}")
     group_idx = int_arg("group_idx", group_idx, minimum=0, maximum=MAX_GROUP_IDX)
     return OffloadKey(block_hash + group_idx.to_bytes(GROUP_IDX_BYTES, "big"))
 
@@ -73,9 +71,7 @@ def validate_key(key: object) -> bytes:
         raise ValueError(f"offload key must be bytes, got {type(key).__name__}")
     key = bytes(key)
     if len(key) <= GROUP_IDX_BYTES or len(key) > MAX_KEY_BYTES:
-        raise ValueError(
-            f"offload key must be 5..256 bytes (hash + 4-byte group index), got {len(key)}"
-        )
+        raise ValueError(f"offload key must be 5..256 bytes (hash + 4-byte group index), got {len(key)}")
     return key
 
 
@@ -91,9 +87,7 @@ def _encode_extra(extra: object) -> bytes:
     raise TypeError(f"unsupported extra key type {type(extra).__name__}")
 
 
-def hash_block(
-    parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: Iterable[object] = ()
-) -> bytes:
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int], extra_keys: Iterable[object] = ()) -> bytes:
     """SHA-256 of (parent hash, token ids, extra keys): one block's chained hash."""
     h = hashlib.sha256(parent_hash if parent_hash is not None else ROOT_HASH)
     h.update(struct.pack(">I", len(token_ids)))

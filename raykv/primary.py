@@ -43,9 +43,7 @@ class PrimaryRegion:
 
     def __init__(self, num_chunks: int, bytes_per_chunk: int, path: str | None = None) -> None:
         if num_chunks <= 0 or bytes_per_chunk <= 0:
-            raise ValueError(
-                f"num_chunks and bytes_per_chunk must be > 0, got {num_chunks}, {bytes_per_chunk}"
-            )
+            raise ValueError(f"num_chunks and bytes_per_chunk must be > 0, got {num_chunks}, {bytes_per_chunk}")
         self.num_chunks = num_chunks
         self.bytes_per_chunk = bytes_per_chunk
         self.path = path or os.path.join(SHM_DIR, f"raykv_primary_{uuid.uuid4().hex}.mmap")
@@ -59,9 +57,7 @@ class PrimaryRegion:
         finally:
             os.unlink(self.path)
         self.view: memoryview = memoryview(self._mmap).cast("B", (num_chunks, bytes_per_chunk))
-        self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8).reshape(
-            num_chunks, bytes_per_chunk
-        )
+        self.array: np.ndarray = np.frombuffer(self._mmap, dtype=np.uint8).reshape(num_chunks, bytes_per_chunk)
 
     def close(self) -> None:
         """Unmap and close; views handed out must be dropped first."""
@@ -136,14 +132,12 @@ class MappedRegion:
         self._skip = handle.offset - base
         fd = os.open(handle.path, os.O_RDWR)
         try:
-            self._mmap = mmap.mmap(
-                fd, self._skip + handle.nbytes, flags=mmap.MAP_SHARED, offset=base
-            )
+            self._mmap = mmap.mmap(fd, self._skip + handle.nbytes, flags=mmap.MAP_SHARED, offset=base)
         finally:
             os.close(fd)
-        self.array = np.frombuffer(
-            self._mmap, dtype=np.uint8, count=handle.nbytes, offset=self._skip
-        ).reshape(handle.num_chunks, handle.bytes_per_chunk)
+        self.array = np.frombuffer(self._mmap, dtype=np.uint8, count=handle.nbytes, offset=self._skip).reshape(
+            handle.num_chunks, handle.bytes_per_chunk
+        )
 
     def close(self) -> None:
         del self.array

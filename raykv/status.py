@@ -99,19 +99,33 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
             entry["tenant_bytes"] = stats.get("tenant_bytes", {})
             entry["tenant_quotas"] = stats.get("tenant_quotas", {})
         except Exception as e:  # dead or unreachable holder
-            entry.update(alive=False, error=type(e).__name__, blocks=None, bytes_used=None,
-                         capacity_bytes=None, occupancy=None)
+            entry.update(
+                alive=False, error=type(e).__name__, blocks=None, bytes_used=None, capacity_bytes=None, occupancy=None
+            )
         key = f"{info['tier_type']}@{info['node_id']}" if info.get("node_id") else info["tier_type"]
         entry["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
         tiers.append(entry)
     tiers.sort(key=lambda t: (t["tier_type"], str(t.get("node_id"))))
     identities = identity_rows(ray.get(services.control.identities.remote(), timeout=timeout), tiers)
 
-    service_rows = [{"name": naming.CONTROL_ACTOR, "kind": "control", "alive": True,
-                     "holders": control.get("holders"), "rules_version": control["rules_version"]}]
+    service_rows = [
+        {
+            "name": naming.CONTROL_ACTOR,
+            "kind": "control",
+            "alive": True,
+            "holders": control.get("holders"),
+            "rules_version": control["rules_version"],
+        }
+    ]
     service_rows += [
-        {"name": naming.directory_shard(s["shard"]), "kind": "directory_shard", "alive": s["alive"],
-         "keys": s["keys"], "holders": len(s.get("holders", {})), **({"error": s["error"]} if "error" in s else {})}
+        {
+            "name": naming.directory_shard(s["shard"]),
+            "kind": "directory_shard",
+            "alive": s["alive"],
+            "keys": s["keys"],
+            "holders": len(s.get("holders", {})),
+            **({"error": s["error"]} if "error" in s else {}),
+        }
         for s in shards
     ]
     return {
@@ -128,8 +142,12 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         "identities": identities,
         "hit_rates": {k: v for k, v in rates.items() if "@" not in k},
         "nodes": [
-            {"node_id": n["NodeID"], "address": n.get("NodeManagerAddress"), "alive": bool(n.get("Alive")),
-             "object_store_bytes": int(n.get("Resources", {}).get("object_store_memory", 0))}
+            {
+                "node_id": n["NodeID"],
+                "address": n.get("NodeManagerAddress"),
+                "alive": bool(n.get("Alive")),
+                "object_store_bytes": int(n.get("Resources", {}).get("object_store_memory", 0)),
+            }
             for n in ray.nodes()
         ],
     }
@@ -148,10 +166,17 @@ def identity_rows(known: dict[str, dict[str, Any]], tiers: list[dict[str, Any]])
         ident = known.get(tag, {})
         by_tier = per_tag.get(tag, {})
         label = KVIdentity.from_dict(ident).label() if ident else "(unknown: announced before a control restart)"
-        rows.append({
-            "tag": tag, "model": ident.get("model"), "revision": ident.get("revision"), "label": label,
-            "layout": ident.get("layout", {}), "blocks": sum(by_tier.values()), "blocks_by_tier": by_tier,
-        })
+        rows.append(
+            {
+                "tag": tag,
+                "model": ident.get("model"),
+                "revision": ident.get("revision"),
+                "label": label,
+                "layout": ident.get("layout", {}),
+                "blocks": sum(by_tier.values()),
+                "blocks_by_tier": by_tier,
+            }
+        )
     return rows
 
 
@@ -219,7 +244,11 @@ def format_status(status: dict[str, Any]) -> str:
             tiers = ", ".join(f"{k} {v}" for k, v in sorted(i["blocks_by_tier"].items()))
             lines.append(f"{i['tag']:<16} {i['blocks']:>8}  {i['label']}" + (f"  ({tiers})" if tiers else ""))
     if status.get("hit_rates"):
-        lines += ["", "engine lookups per tier (all nodes): " + ", ".join(
-            f"{tier} {_pct(r['hit_rate'])} of {r['lookups']}" for tier, r in sorted(status["hit_rates"].items())
-        )]
+        lines += [
+            "",
+            "engine lookups per tier (all nodes): "
+            + ", ".join(
+                f"{tier} {_pct(r['hit_rate'])} of {r['lookups']}" for tier, r in sorted(status["hit_rates"].items())
+            ),
+        ]
     return "\n".join(lines)

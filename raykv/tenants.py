@@ -53,7 +53,6 @@ def check_quotas(value: Any) -> str | None:
     return None
 
 
-
 def tenant_quotas_option(held: str, where: str) -> Any:
     """A tier's ``tenant_quotas`` option: ``held`` names what a quota counts
     (e.g. "bytes of block files under the root"), ``where`` when it applies."""
@@ -67,6 +66,7 @@ def tenant_quotas_option(held: str, where: str) -> Any:
         "('*': every tenant not listed); a tenant over quota evicts its own blocks first, never another "
         f"tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. {where}",
     )
+
 
 def fmt_tenants(by_tenant: Mapping[str, int]) -> str:
     """``; tenants a 1.0 MiB, (none) 2.0 MiB`` for status lines ('' when no tenant but the default holds bytes)."""

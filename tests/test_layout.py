@@ -58,8 +58,12 @@ def test_readme_layout_names_existing_paths_and_every_package() -> None:
     named = [line.split()[0] for line in block.splitlines() if line.strip()]
     missing = [p for p in named if not (ROOT / p.rstrip("/")).exists()]
     assert not missing, f"README layout names paths that do not exist: {missing}"
-    packages = {p.parent.relative_to(ROOT).as_posix() + "/" for p in _py("raykv") + _py("tiers") if p.name == "__init__.py"}
-    unlisted = sorted(p for p in packages if p not in named and p.count("/") == 2 and not p.startswith("raykv/integrations/"))
+    packages = {
+        p.parent.relative_to(ROOT).as_posix() + "/" for p in _py("raykv") + _py("tiers") if p.name == "__init__.py"
+    }
+    unlisted = sorted(
+        p for p in packages if p not in named and p.count("/") == 2 and not p.startswith("raykv/integrations/")
+    )
     assert not unlisted, f"packages missing from the README layout: {unlisted}"
     # the architecture page exists and names the same rooms
     arch = (ROOT / "docs" / "ARCHITECTURE.md").read_text()

@@ -51,7 +51,9 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> dict[str, Any]:
+def target(
+    name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = ""
+) -> dict[str, Any]:
     """One target line: ``passed`` is None when the value could not be measured."""
     if value is None or value != value:
         passed = None

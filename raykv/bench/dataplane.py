@@ -94,13 +94,32 @@ BASELINE_OF = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-sizes", default=None, help=f"comma-separated (default {FULL_BLOCK_SIZES})")
-    p.add_argument("--batches", default=None, help=f"blocks per job, comma-separated (default {FULL_BATCHES}; quick {QUICK_BATCHES})")
-    p.add_argument("--headline-batch", type=int, default=None, help="batch of the per-block-size summary (default 32, or the largest)")
-    p.add_argument("--rounds", type=int, default=None, help="timed rounds per configuration, after 1 warm-up (default 7; quick 2)")
-    p.add_argument("--root", default=None, help="directory for the fs tier, raw files and vLLM's fs tier (default: a temp dir under /tmp)")
+    p.add_argument(
+        "--batches",
+        default=None,
+        help=f"blocks per job, comma-separated (default {FULL_BATCHES}; quick {QUICK_BATCHES})",
+    )
+    p.add_argument(
+        "--headline-batch",
+        type=int,
+        default=None,
+        help="batch of the per-block-size summary (default 32, or the largest)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=None, help="timed rounds per configuration, after 1 warm-up (default 7; quick 2)"
+    )
+    p.add_argument(
+        "--root",
+        default=None,
+        help="directory for the fs tier, raw files and vLLM's fs tier (default: a temp dir under /tmp)",
+    )
     p.add_argument("--io-threads", type=int, default=4, help="fs tier I/O threads (the raw baseline uses as many)")
     p.add_argument("--fsync", action="store_true", help="fsync fs tier and raw files (vLLM's tier never does)")
-    p.add_argument("--cold", action="store_true", help="drop the files' pages from the page cache before each read (reads hit the device)")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the files' pages from the page cache before each read (reads hit the device)",
+    )
     p.add_argument("--checksum", default="auto", help="the fs tier's checksum option (auto: fastest installed)")
     p.add_argument("--no-vllm", action="store_true", help="skip vLLM's fs tier")
     p.add_argument("--no-cross-node", action="store_true", help="skip the second node")
@@ -252,7 +271,8 @@ def _engine_class() -> Any:
             self.region = PrimaryRegion(num_chunks, block_bytes)
             self.region.array[:] = 1  # fault the pages in, as a live engine's primary would be
             self.tier = TierFactory.create_tier(
-                {"type": "object_store", "capacity_bytes": self.capacity}, self.region.view,
+                {"type": "object_store", "capacity_bytes": self.capacity},
+                self.region.view,
                 services=raykv.attach(self.namespace),
             )
             return self.tier.node_id
@@ -265,9 +285,7 @@ def _engine_class() -> Any:
             t0 = time.perf_counter()
             res = TierDriver(self.tier).load(keys, chunks)
             dt = time.perf_counter() - t0
-            ok = res.success and all(
-                self.region.array[chunks[i]][:64].tobytes() == e for i, e in enumerate(expect)
-            )
+            ok = res.success and all(self.region.array[chunks[i]][:64].tobytes() == e for i, e in enumerate(expect))
             return dt, ok
 
         def close(self) -> None:
@@ -342,7 +360,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             importer.join()
         result = _measure(s, base, services, capacity, vllm)
         result["config"].update(
-            {"root": base, "plasma_bytes_node_a": plasma_a, "plasma_bytes_node_b": plasma_b if s["cross_node"] else None}
+            {
+                "root": base,
+                "plasma_bytes_node_a": plasma_a,
+                "plasma_bytes_node_b": plasma_b if s["cross_node"] else None,
+            }
         )
         services.shutdown()
         return result
@@ -363,10 +385,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: dict[str, Any]) -> dict[str, Any]:
     import ray
 
-    import raykv
-    from raykv.tier_driver import TierDriver
     from raykv.factory import TierFactory
     from raykv.primary import PrimaryRegion
+    from raykv.tier_driver import TierDriver
 
     rounds = s["rounds"] + 1  # the first is a warm-up
     total_steps = len(s["block_sizes"]) * (len(s["batches"]) + (1 if s["cross_node"] else 0)) * rounds
@@ -392,15 +413,19 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
             for off in range(0, flat.size, pattern.size):
                 n = min(pattern.size, flat.size - off)
                 flat[off : off + n] = pattern[:n]
-            flat[:: 4096] = rng.integers(0, 256, flat[:: 4096].size, dtype=np.uint8)  # no two blocks alike
+            flat[::4096] = rng.integers(0, 256, flat[::4096].size, dtype=np.uint8)  # no two blocks alike
             arr = region.array
             os_tier = TierFactory.create_tier(
                 {"type": "object_store", "capacity_bytes": capacity}, region.view, services=services
             )
             fs_tier = TierFactory.create_tier(
                 {
-                    "type": "fs", "root": fs_root, "capacity_bytes": capacity, "io_threads": s["io_threads"],
-                    "fsync": s["fsync"], "checksum": s["checksum"],
+                    "type": "fs",
+                    "root": fs_root,
+                    "capacity_bytes": capacity,
+                    "io_threads": s["io_threads"],
+                    "fsync": s["fsync"],
+                    "checksum": s["checksum"],
                 },
                 region.view,
                 services=services,
@@ -408,7 +433,9 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
             vtiers: dict[str, VllmFs] = {}
             if s["vllm"] and "manager" in vllm:
                 vtiers["vllm_fs"] = VllmFs(vllm, region.view, os.path.join(base, "vllm-fs"), buffered=False)
-                vtiers["vllm_fs_buffered"] = VllmFs(vllm, region.view, os.path.join(base, "vllm-fs-buffered"), buffered=True)
+                vtiers["vllm_fs_buffered"] = VllmFs(
+                    vllm, region.view, os.path.join(base, "vllm-fs-buffered"), buffered=True
+                )
                 o_direct = vtiers["vllm_fs"].o_direct
             by_batch: dict[str, Any] = {}
             failures: list[str] = []
@@ -491,12 +518,18 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
             for v in ("vllm_fs", "vllm_fs_buffered"):
                 head[f"fs_store_vs_{v}"] = ratio(head["fs_store_gbps"], head[f"{v}_store_gbps"])
                 head[f"fs_load_vs_{v}"] = ratio(head["fs_load_gbps"], head[f"{v}_load_gbps"])
-            out_sizes[label] = {"block_bytes": bs, "headline_batch": s["headline_batch"], **head, "by_batch": by_batch, "failures": failures}
+            out_sizes[label] = {
+                "block_bytes": bs,
+                "headline_batch": s["headline_batch"],
+                **head,
+                "by_batch": by_batch,
+                "failures": failures,
+            }
             os_tier.shutdown()
             fs_tier.shutdown()
             for vt in vtiers.values():
                 vt.close()
-            del arr, flat
+            arr = flat = None  # no views of the region outlive it
             regions.remove(region)
             region.close()
     finally:
@@ -586,7 +619,14 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             }
             known = [v for v in vals.values() if v is not None]
             detail = "batch " + ", ".join(f"{b}: {v:.2f}" for b, v in vals.items() if v is not None)
-            out.append(target(f"object_store {op} / memcpy (2MiB, batch>=32, worst)", min(known) if known else None, want, detail=detail))
+            out.append(
+                target(
+                    f"object_store {op} / memcpy (2MiB, batch>=32, worst)",
+                    min(known) if known else None,
+                    want,
+                    detail=detail,
+                )
+            )
     for key, want, what in (
         ("fs_store_vs_raw", 0.8, "fs store / raw file write"),
         ("fs_load_vs_raw", 0.8, "fs load / raw file read"),
@@ -617,9 +657,15 @@ def format_result(result: dict[str, Any]) -> str:
     hb = next(iter(sizes.values()))["headline_batch"] if sizes else "?"
     parts.append(table(("GB/s", *sizes), rows, title=f"\nThroughput at {hb} blocks per job (GB/s, decimal)"))
     ratios = (
-        "object_store_load_vs_memcpy", "object_store_store_vs_memcpy", "cross_node_load_vs_memcpy",
-        "fs_store_vs_raw", "fs_load_vs_raw", "fs_store_vs_vllm_fs", "fs_load_vs_vllm_fs",
-        "fs_store_vs_vllm_fs_buffered", "fs_load_vs_vllm_fs_buffered",
+        "object_store_load_vs_memcpy",
+        "object_store_store_vs_memcpy",
+        "cross_node_load_vs_memcpy",
+        "fs_store_vs_raw",
+        "fs_load_vs_raw",
+        "fs_store_vs_vllm_fs",
+        "fs_load_vs_vllm_fs",
+        "fs_store_vs_vllm_fs_buffered",
+        "fs_load_vs_vllm_fs_buffered",
     )
     parts.append(table(("ratio", *sizes), [[r, *(d.get(r) for d in sizes.values())] for r in ratios], title="\nRatios"))
     for label, d in sizes.items():
@@ -632,8 +678,14 @@ def format_result(result: dict[str, Any]) -> str:
         for b, row in d["by_batch"].items():
             rows.append([b, *(row.get(f"{name}_overhead_us_per_block") for name in timed)])
         parts.append(
-            table(("batch", *timed), rows,
-                  title=f"{label} blocks: per-block overhead over the baseline (µs; object_store vs memcpy, file paths vs raw)")
+            table(
+                ("batch", *timed),
+                rows,
+                title=(
+                    f"{label} blocks: per-block overhead over the baseline"
+                    " (µs; object_store vs memcpy, file paths vs raw)"
+                ),
+            )
         )
         if d.get("failures"):
             parts.append(f"FAILED jobs: {', '.join(d['failures'][:10])}")

@@ -60,13 +60,21 @@ POOL_MAX = 1_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--keys", default=None, help="stored-key counts, comma-separated, ascending (default 1M,10M; quick 20k)")
+    p.add_argument(
+        "--keys", default=None, help="stored-key counts, comma-separated, ascending (default 1M,10M; quick 20k)"
+    )
     p.add_argument("--call-sizes", default=None, help="keys per lookup call (default 1k,100k; quick 1k,10k)")
     p.add_argument("--shards", default=None, help="shard counts (default 1,2,4; quick 1,2)")
-    p.add_argument("--calls", type=int, default=None, help="timed calls per configuration (default: ~2M keys' worth, 30..400)")
+    p.add_argument(
+        "--calls", type=int, default=None, help="timed calls per configuration (default: ~2M keys' worth, 30..400)"
+    )
     p.add_argument("--pipeline", type=int, default=4, help="calls in flight for the pipelined throughput")
-    p.add_argument("--clients", type=int, default=None, help="simulated engine clients on one shard (default 8; quick 2; 0: skip)")
-    p.add_argument("--seconds", type=float, default=None, help="duration of the concurrent-clients run (default 20; quick 3)")
+    p.add_argument(
+        "--clients", type=int, default=None, help="simulated engine clients on one shard (default 8; quick 2; 0: skip)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=None, help="duration of the concurrent-clients run (default 20; quick 3)"
+    )
     p.add_argument("--step-lookups", type=int, default=512, help="keys each client looks up per step")
     p.add_argument("--step-registers", type=int, default=64, help="keys each client registers (and evicts) per step")
 
@@ -164,8 +172,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     max_keys = max(s["keys"])
     arg_bytes = max(s["call_sizes"]) * KEY_BYTES * (s["pipeline"] + 2) + REGISTER_BATCH * KEY_BYTES * 8
     ray.init(
-        address="local", num_cpus=2, object_store_memory=max(256 << 20, 4 * arg_bytes),
-        include_dashboard=False, log_to_driver=False,
+        address="local",
+        num_cpus=2,
+        object_store_memory=max(256 << 20, 4 * arg_bytes),
+        include_dashboard=False,
+        log_to_driver=False,
     )
     steps = len(s["shards"]) * (max_keys // REGISTER_BATCH + 1 + len(s["keys"]) * (len(s["call_sizes"]) + 1)) + 1
     progress = Progress(steps, "directory", s["progress"])
@@ -241,7 +252,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "concurrent": concurrent,
         "rows": [
             {
-                "shards": c["shards"], "stored_keys": c["stored_keys"], "call_keys": int(size),
+                "shards": c["shards"],
+                "stored_keys": c["stored_keys"],
+                "call_keys": int(size),
                 **{k: m[k] for k in ("lookup_keys_per_s", "lookup_p50_ms", "lookup_p99_ms")},
                 "bytes_per_key": c["bytes_per_key"],
             }
@@ -290,7 +303,9 @@ def _client_class() -> Any:
             self.directory = DirectoryClient(shards)
             self.index = index
 
-        def run(self, info: dict[str, Any], pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int) -> dict[str, Any]:
+        def run(
+            self, info: dict[str, Any], pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int
+        ) -> dict[str, Any]:
             from raykv.placement import prefix_of
 
             rng = random.Random(seed)
@@ -334,10 +349,12 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
     samples = [rng.sample(pool, min(len(pool), 20_000)) for _ in clients]
     cpu0 = _cpu(directory.shards)
     t0 = time.perf_counter()
-    outs = ray.get([
-        c.run.remote(info.to_dict(), sample, s["seconds"], s["step_lookups"], s["step_registers"], i)
-        for i, (c, info, sample) in enumerate(zip(clients, infos, samples))
-    ])
+    outs = ray.get(
+        [
+            c.run.remote(info.to_dict(), sample, s["seconds"], s["step_lookups"], s["step_registers"], i)
+            for i, (c, info, sample) in enumerate(zip(clients, infos, samples))
+        ]
+    )
     wall = time.perf_counter() - t0
     cpu = _cpu(directory.shards) - cpu0
     for c in clients:
@@ -383,28 +400,54 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     one = [c for c in cfgs.values() if c["shards"] == 1]
     if one:
         worst = min(one, key=lambda c: c["calls"][big]["lookup_keys_per_s"])
-        out.append(target(
-            f"lookup keys/s of one shard, {int(big):,}-key calls (worst stored count)",
-            worst["calls"][big]["lookup_keys_per_s"], 3e6,
-            detail=", ".join(f"{c['stored_keys']:,} keys: {c['calls'][big]['lookup_keys_per_s']:,.0f}" for c in one),
-        ))
+        out.append(
+            target(
+                f"lookup keys/s of one shard, {int(big):,}-key calls (worst stored count)",
+                worst["calls"][big]["lookup_keys_per_s"],
+                3e6,
+                detail=", ".join(
+                    f"{c['stored_keys']:,} keys: {c['calls'][big]['lookup_keys_per_s']:,.0f}" for c in one
+                ),
+            )
+        )
         worst = min(one, key=lambda c: c["register_keys_per_s"] or 0)
-        out.append(target(
-            "register keys/s of one shard, 100,000-key calls (worst stored count)",
-            worst["register_keys_per_s"], 2e6,
-            detail=", ".join(f"up to {c['stored_keys']:,}: {c['register_keys_per_s']:,.0f}" for c in one),
-        ))
+        out.append(
+            target(
+                "register keys/s of one shard, 100,000-key calls (worst stored count)",
+                worst["register_keys_per_s"],
+                2e6,
+                detail=", ".join(f"up to {c['stored_keys']:,}: {c['register_keys_per_s']:,.0f}" for c in one),
+            )
+        )
     p50 = {k: c["calls"][small]["lookup_p50_ms"] for k, c in cfgs.items()}
     p99 = {k: c["calls"][small]["lookup_p99_ms"] for k, c in cfgs.items()}
     if p99:
         worst_k = max(p50, key=lambda k: p50[k])
-        out.append(target(f"p50 of a {int(small):,}-key call, ms (worst config)", p50[worst_k], 1.5, higher_is_better=False, detail=worst_k))
+        out.append(
+            target(
+                f"p50 of a {int(small):,}-key call, ms (worst config)",
+                p50[worst_k],
+                1.5,
+                higher_is_better=False,
+                detail=worst_k,
+            )
+        )
         worst_k = max(p99, key=lambda k: p99[k])
-        out.append(target(f"p99 of a {int(small):,}-key call, ms (worst config)", p99[worst_k], 5.0, higher_is_better=False, detail=worst_k))
+        out.append(
+            target(
+                f"p99 of a {int(small):,}-key call, ms (worst config)",
+                p99[worst_k],
+                5.0,
+                higher_is_better=False,
+                detail=worst_k,
+            )
+        )
     bpk = {k: c["bytes_per_key"] for k, c in cfgs.items()}
     if bpk:
         worst_k = max(bpk, key=lambda k: bpk[k])
-        out.append(target("directory bytes per key (worst config)", bpk[worst_k], 48.0, higher_is_better=False, detail=worst_k))
+        out.append(
+            target("directory bytes per key (worst config)", bpk[worst_k], 48.0, higher_is_better=False, detail=worst_k)
+        )
     for count in result["config"]["keys"]:
         row = sorted((c["shards"], c) for c in cfgs.values() if c["stored_keys"] == count)
         if len(row) < 2:
@@ -415,10 +458,14 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 for n, c in row
             ]
             growth = ratio(vals[-1][1], vals[0][1])
-            out.append(target(
-                f"keys/s {vals[-1][0]} shards / 1 shard, {label} {int(big):,}-key calls, {count:,} keys",
-                growth, 1.0, detail=", ".join(f"{n}: {v:,.0f}" for n, v in vals),
-            ))
+            out.append(
+                target(
+                    f"keys/s {vals[-1][0]} shards / 1 shard, {label} {int(big):,}-key calls, {count:,} keys",
+                    growth,
+                    1.0,
+                    detail=", ".join(f"{n}: {v:,.0f}" for n, v in vals),
+                )
+            )
     return out
 
 
@@ -427,20 +474,39 @@ def format_result(result: dict[str, Any]) -> str:
     rows = []
     for c in result["configs"].values():
         for size, m in c["calls"].items():
-            rows.append([
-                c["shards"], f"{c['stored_keys']:,}", f"{int(size):,}", m["lookup_keys_per_s"],
-                m["lookup_p50_ms"], m["lookup_p99_ms"], m.get("shard_cpu_us_per_key"), c["bytes_per_key"],
-                c["lookup_keys_per_s_pipelined"] if size == str(max(cfg["call_sizes"])) else None,
-            ])
+            rows.append(
+                [
+                    c["shards"],
+                    f"{c['stored_keys']:,}",
+                    f"{int(size):,}",
+                    m["lookup_keys_per_s"],
+                    m["lookup_p50_ms"],
+                    m["lookup_p99_ms"],
+                    m.get("shard_cpu_us_per_key"),
+                    c["bytes_per_key"],
+                    c["lookup_keys_per_s_pipelined"] if size == str(max(cfg["call_sizes"])) else None,
+                ]
+            )
     reg = [
         [c["shards"], f"{c['stored_keys']:,}", c["register_keys_per_s"], c["register_cpu_us_per_key"]]
         for c in result["configs"].values()
     ]
     parts = [
         f"directory: {cfg['key_bytes']}-byte keys, one caller; pipelined = {cfg['pipeline']} calls in flight; "
-        f"load average {result['machine'].get('loadavg_1m')} at start, {result['machine'].get('loadavg_1m_at_end')} at end",
+        f"load average {result['machine'].get('loadavg_1m')} at start,"
+        f" {result['machine'].get('loadavg_1m_at_end')} at end",
         table(
-            ("shards", "stored keys", "keys/call", "keys/s", "p50 ms", "p99 ms", "shard CPU us/key", "bytes/key", "keys/s pipelined"),
+            (
+                "shards",
+                "stored keys",
+                "keys/call",
+                "keys/s",
+                "p50 ms",
+                "p99 ms",
+                "shard CPU us/key",
+                "bytes/key",
+                "keys/s pipelined",
+            ),
             rows,
         ),
         "\nregistration: sequential 100,000-key calls, one caller",
@@ -450,11 +516,21 @@ def format_result(result: dict[str, Any]) -> str:
     if conc:
         parts += [
             f"\n{conc['clients']} simulated engines on one shard for {conc['seconds']:.1f} s: each step looks up "
-            f"{cfg['step_lookups']} keys (half stored), registers {cfg['step_registers']} and evicts {cfg['step_registers']}",
+            f"{cfg['step_lookups']} keys (half stored), registers {cfg['step_registers']}"
+            f" and evicts {cfg['step_registers']}",
             table(
                 ("clients", "steps", "keys/s", "shard CPU us/key", "shard busy", "step p50 ms", "step p99 ms"),
-                [[conc["clients"], conc["steps"], conc["keys_per_s"], conc["shard_cpu_us_per_key"], conc["shard_busy"],
-                  conc["step_p50_ms"], conc["step_p99_ms"]]],
+                [
+                    [
+                        conc["clients"],
+                        conc["steps"],
+                        conc["keys_per_s"],
+                        conc["shard_cpu_us_per_key"],
+                        conc["shard_busy"],
+                        conc["step_p50_ms"],
+                        conc["step_p99_ms"],
+                    ]
+                ],
             ),
         ]
     parts.append("\n" + targets_table(result["targets"]))

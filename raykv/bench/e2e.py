@@ -81,8 +81,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     import raykv
-    from raykv.integrations.vllm import require_vllm
     from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
+    from raykv.integrations.vllm import require_vllm
 
     require_vllm()
     if args.quick:
@@ -110,7 +110,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 services = raykv.start(_raykv_config(name, root)) if ours else None
                 t0 = time.perf_counter()
                 results, after = run_trace(
-                    name, nodes, model, _kv_config(name, chunk, root), trace, kw, progress,
+                    name,
+                    nodes,
+                    model,
+                    _kv_config(name, chunk, root),
+                    trace,
+                    kw,
+                    progress,
                     after=_lookups_then_probe if ours else None,
                 )
                 if after is not None:
@@ -228,8 +234,11 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     for name in RAYKV_SETTINGS:
         ours = cfg.get(name, {}).get("ttft_p50_promoted_ms")
         if fs and ours:
-            out.append(target(f"TTFT p50 vLLM fs / {name}, promoted requests", fs / ours, 1.0,
-                              detail=f"{fs:.1f} vs {ours:.1f} ms"))
+            out.append(
+                target(
+                    f"TTFT p50 vLLM fs / {name}, promoted requests", fs / ours, 1.0, detail=f"{fs:.1f} vs {ours:.1f} ms"
+                )
+            )
     probe = r.get("prefix_probe") or {}
     out.append(
         target(
@@ -256,12 +265,32 @@ def format_result(r: dict[str, Any]) -> str:
         )
         for name, c in r["configs"].items()
     ]
-    rows.append(("oracle (one unbounded cache)", r["oracle_hit_tokens"], f"{r['oracle_hit_rate']:.0%}", "100%", None, None, None, None))
+    rows.append(
+        (
+            "oracle (one unbounded cache)",
+            r["oracle_hit_tokens"],
+            f"{r['oracle_hit_rate']:.0%}",
+            "100%",
+            None,
+            None,
+            None,
+            None,
+        )
+    )
     head = (
         f"e2e: {r['replicas']} vLLM replicas round-robin, {r['requests']} requests, "
         f"{r['prompt_tokens']} prompt tokens, model {r['model']}"
     )
-    cols = ("config", "hit tokens", "hit rate", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "p50 promoted ms", "prompt tok/s")
+    cols = (
+        "config",
+        "hit tokens",
+        "hit rate",
+        "of oracle",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "p50 promoted ms",
+        "prompt tok/s",
+    )
     out = [table(cols, rows, title=head)]
     for name, counts in (r.get("raykv_lookups") or {}).items():
         out.append(

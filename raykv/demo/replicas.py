@@ -110,7 +110,9 @@ class EngineReplica:
         out = {"hits": 0.0, "misses": 0.0, "retries": 0.0}
         for m in self.llm.get_metrics():
             if m.name.startswith("vllm:raykv_lookup_") and hasattr(m, "value"):
-                out[m.name.removeprefix("vllm:raykv_lookup_")] = out.get(m.name.removeprefix("vllm:raykv_lookup_"), 0.0) + m.value
+                out[m.name.removeprefix("vllm:raykv_lookup_")] = (
+                    out.get(m.name.removeprefix("vllm:raykv_lookup_"), 0.0) + m.value
+                )
         return out
 
     def shutdown(self) -> None:

@@ -55,8 +55,8 @@ def demo(
     from tqdm import tqdm
 
     import raykv
-    from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
     from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
+    from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
 
     require_vllm()
     t0 = time.perf_counter()
@@ -69,8 +69,13 @@ def demo(
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-demo-fs-") as fs_root:
             baseline, _ = run_trace(
-                "baseline", nodes, model_path, kv_transfer_config([], cpu_bytes=PRIMARY_CHUNKS * chunk),
-                trace, engine_kwargs(max_len, ENGINE_BLOCKS), progress,
+                "baseline",
+                nodes,
+                model_path,
+                kv_transfer_config([], cpu_bytes=PRIMARY_CHUNKS * chunk),
+                trace,
+                engine_kwargs(max_len, ENGINE_BLOCKS),
+                progress,
             )
             config = {
                 "namespace": NAMESPACE,
@@ -81,8 +86,13 @@ def demo(
             }
             services = raykv.start(config)
             with_raykv, _ = run_trace(
-                "raykv", nodes, model_path, raykv_kv_transfer_config(config, cpu_bytes=PRIMARY_CHUNKS * chunk),
-                trace, engine_kwargs(max_len, ENGINE_BLOCKS), progress,
+                "raykv",
+                nodes,
+                model_path,
+                raykv_kv_transfer_config(config, cpu_bytes=PRIMARY_CHUNKS * chunk),
+                trace,
+                engine_kwargs(max_len, ENGINE_BLOCKS),
+                progress,
             )
             from raykv.status import collect_status
 

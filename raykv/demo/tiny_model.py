@@ -79,7 +79,19 @@ _PARAGRAPHS = (
 
 
 _SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + [
-    "th", "sh", "ch", "ng", "er", "an", "in", "on", "st", "tr", "qu", "x", "y",
+    "th",
+    "sh",
+    "ch",
+    "ng",
+    "er",
+    "an",
+    "in",
+    "on",
+    "st",
+    "tr",
+    "qu",
+    "x",
+    "y",
 ]
 
 
@@ -219,9 +231,7 @@ def build_tiny_model(path: str | os.PathLike | None = None) -> str:
     try:
         _build_tokenizer(tmp)
         _build_weights(tmp)
-        (tmp / "generation_config.json").write_text(
-            json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
-        )
+        (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}))
         # config.json last: its presence marks a complete build.
         (tmp / "config.json").write_text(json.dumps(CONFIG, indent=2))
         try:

@@ -20,8 +20,8 @@ import numpy as np
 import ray
 
 from raykv.directory.fingerprint import fingerprints, to_blob
-from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.keys import shard_of, validate_keys
+from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.validate import ArgumentError, timeout_arg
 
 logger = logging.getLogger(__name__)
@@ -154,9 +154,7 @@ class DirectoryClient:
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
         keys = as_bytes(keys)
         parts = [
-            (pos, self.shards[i].lookup.remote(blob))
-            for i, (pos, blob) in enumerate(self._split(keys))
-            if len(pos)
+            (pos, self.shards[i].lookup.remote(blob)) for i, (pos, blob) in enumerate(self._split(keys)) if len(pos)
         ]
         return PendingLookup(keys, parts)
 

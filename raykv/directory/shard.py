@@ -27,9 +27,9 @@ import ray
 from raykv import naming, status_log
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import FingerprintTable
-from raykv.placement import HolderInfo, LookupReply
 from raykv.directory.holdersets import HolderSets
 from raykv.metrics.recorders import publish_shard_metrics
+from raykv.placement import HolderInfo, LookupReply
 
 logger = logging.getLogger(__name__)
 
@@ -270,9 +270,7 @@ class DirectoryShard:
         old = self._watches.pop(holder.holder_id, None)
         if old is not None:
             old.cancel()
-        self._watches[holder.holder_id] = asyncio.get_running_loop().create_task(
-            self._watch(holder.holder_id, handle)
-        )
+        self._watches[holder.holder_id] = asyncio.get_running_loop().create_task(self._watch(holder.holder_id, handle))
 
     async def add_holder(self, info: dict[str, Any], handle: Any) -> None:
         """A holder (re)announces itself as it starts: whatever an earlier life
@@ -327,8 +325,13 @@ class DirectoryShard:
             self._watch_holder(holder, handle)
         added, removed = self._impl.sync_holder(holder.holder_id, keys)
         if added or removed:
-            logger.warning("directory shard %d: holder %s was out of sync (+%d / -%d keys); repaired",
-                           self._impl.index, holder.holder_id, added, removed)
+            logger.warning(
+                "directory shard %d: holder %s was out of sync (+%d / -%d keys); repaired",
+                self._impl.index,
+                holder.holder_id,
+                added,
+                removed,
+            )
         return added, removed
 
     async def lookup(self, keys: bytes | list[bytes]) -> LookupReply:

@@ -61,12 +61,17 @@ _SPECS = (
     MetricSpec("raykv_jobs_finished", COUNTER, "store/load jobs finished (success or failure)", JOB_TAGS),
     MetricSpec("raykv_jobs_failed", COUNTER, "store/load jobs that failed (wholly or partly)", JOB_TAGS),
     MetricSpec(
-        "raykv_job_failures", COUNTER,
+        "raykv_job_failures",
+        COUNTER,
         "failed store/load jobs by reason (timeout, holder_unavailable, full, corrupt, not_held, bad_job, "
-        "shut_down, other)", (*JOB_TAGS, "reason"),
+        "shut_down, other)",
+        (*JOB_TAGS, "reason"),
     ),
     MetricSpec(
-        "raykv_job_latency_seconds", HISTOGRAM, "submit-to-result time of store/load jobs", JOB_TAGS,
+        "raykv_job_latency_seconds",
+        HISTOGRAM,
+        "submit-to-result time of store/load jobs",
+        JOB_TAGS,
         LATENCY_BOUNDARIES,
     ),
     # -- tier actors: per tier, node and holder (one object store actor per node, one fs actor per root)
@@ -76,19 +81,23 @@ _SPECS = (
     MetricSpec("raykv_tier_stored_blocks", COUNTER, "blocks the tier actor took in", ACTOR_TAGS),
     MetricSpec("raykv_tier_evicted_blocks", COUNTER, "blocks evicted to stay within capacity", ACTOR_TAGS),
     MetricSpec("raykv_tier_served_blocks", COUNTER, "blocks the tier actor copied to engines", ACTOR_TAGS),
-    MetricSpec("raykv_tier_load_misses", COUNTER, "blocks asked of the tier actor but not loaded (not held, or failed)", ACTOR_TAGS),
-    MetricSpec("raykv_tier_removed_blocks", COUNTER, "blocks dropped as corrupt or missing", ACTOR_TAGS),
     MetricSpec(
-        "raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS
+        "raykv_tier_load_misses",
+        COUNTER,
+        "blocks asked of the tier actor but not loaded (not held, or failed)",
+        ACTOR_TAGS,
     ),
+    MetricSpec("raykv_tier_removed_blocks", COUNTER, "blocks dropped as corrupt or missing", ACTOR_TAGS),
+    MetricSpec("raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS),
     # -- directory shards
     MetricSpec("raykv_directory_keys", GAUGE, "keys known to the directory shard", ("shard",)),
     MetricSpec("raykv_directory_holders", GAUGE, "holders (tier actors) known to the directory shard", ("shard",)),
     MetricSpec("raykv_directory_lookup_keys", COUNTER, "keys looked up at the directory shard", ("shard",)),
     MetricSpec(
-        "raykv_directory_invalidations", COUNTER,
-        "directory entries dropped (reason: evicted, or why the holder went: removed, restarted, "
-        "ActorDiedError, ...)", ("shard", "reason"),
+        "raykv_directory_invalidations",
+        COUNTER,
+        "directory entries dropped (reason: evicted, or why the holder went: removed, restarted, ActorDiedError, ...)",
+        ("shard", "reason"),
     ),
 )
 

@@ -85,8 +85,12 @@ class TierMetrics:
         for (kind, reason), n in failures.items():
             record("raykv_job_failures", n, {**self.tags, "kind": kind, "reason": reason})
         counts.update(
-            {"raykv_lookups": hits + misses, "raykv_lookup_hits": hits, "raykv_lookup_misses": misses,
-             "raykv_lookup_retries": retries}
+            {
+                "raykv_lookups": hits + misses,
+                "raykv_lookup_hits": hits,
+                "raykv_lookup_misses": misses,
+                "raykv_lookup_retries": retries,
+            }
         )
         for name, value in counts.items():
             if value:

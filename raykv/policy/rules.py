@@ -60,9 +60,7 @@ class PolicyRule:
         match = as_mapping(s.match, f"{where}.match")
         unknown = sorted(set(match) - set(_MATCH_KEYS))
         if unknown:
-            raise ConfigError(
-                f"{where}.match.{unknown[0]}", f"unknown key; allowed keys: {', '.join(_MATCH_KEYS)}"
-            )
+            raise ConfigError(f"{where}.match.{unknown[0]}", f"unknown key; allowed keys: {', '.join(_MATCH_KEYS)}")
         tenant = match.get("tenant")
         if tenant is not None and (not isinstance(tenant, str) or not tenant):
             raise ConfigError(f"{where}.match.tenant", f"must be a non-empty str, got {tenant!r}")
@@ -109,9 +107,7 @@ def request_tenant(req: ReqContext) -> str | None:
     return request_tenant_value(params.get("tenant"))
 
 
-def check_rule_tier(
-    tier: str, where: str, configured: Sequence[str] | None = None, also: Iterable[str] = ()
-) -> None:
+def check_rule_tier(tier: str, where: str, configured: Sequence[str] | None = None, also: Iterable[str] = ()) -> None:
     """A rule's ``tier`` must be ``'*'`` or a tier that exists: one of
     ``configured`` when a config lists its tiers, else a known tier type (or
     one of ``also``)."""

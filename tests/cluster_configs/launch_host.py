@@ -32,7 +32,12 @@ def missing_prerequisites() -> str | None:
     """Why this machine cannot host the launch test (None: it can)."""
     if os.geteuid() != 0:
         return "needs root (creates a user and runs sshd)"
-    for tool, pkg in (("sshd", "openssh-server"), ("ssh", "openssh-client"), ("rsync", "rsync"), ("ssh-keygen", "openssh-client")):
+    for tool, pkg in (
+        ("sshd", "openssh-server"),
+        ("ssh", "openssh-client"),
+        ("rsync", "rsync"),
+        ("ssh-keygen", "openssh-client"),
+    ):
         if not shutil.which(tool) and not Path(f"/usr/sbin/{tool}").exists():
             return f"no {tool} (Debian: apt-get install -y {pkg})"
     with socket.socket() as s:
@@ -71,8 +76,18 @@ class LaunchHost:
         # This interpreter lives under /root (mode 700): the user gets a copy of it.
         base = Path(sys.base_prefix)
         if not (PYTHON_COPY / "bin").exists():
-            _run("rsync", "-a", "--exclude", "lib/python3*/site-packages", "--exclude", "__pycache__",
-                 "--exclude", "lib/python3*/test", f"{base}/", f"{PYTHON_COPY}/")
+            _run(
+                "rsync",
+                "-a",
+                "--exclude",
+                "lib/python3*/site-packages",
+                "--exclude",
+                "__pycache__",
+                "--exclude",
+                "lib/python3*/test",
+                f"{base}/",
+                f"{PYTHON_COPY}/",
+            )
         ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
         (PYTHON_COPY / "lib" / ver / "site-packages").mkdir(parents=True, exist_ok=True)
         venv = self.home / "venv"
@@ -114,14 +129,29 @@ class LaunchHost:
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
         self._sshd = subprocess.Popen(
             [sshd, "-D", "-f", str(config), "-E", str(self.work / "sshd.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 20
         while True:
             probe = subprocess.run(
-                ["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-                 "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", f"{USER}@localhost", "bash --login -c 'ray --version'"],
-                capture_output=True, text=True,
+                [
+                    "ssh",
+                    "-i",
+                    str(self.key),
+                    "-o",
+                    "StrictHostKeyChecking=no",
+                    "-o",
+                    "UserKnownHostsFile=/dev/null",
+                    "-o",
+                    "BatchMode=yes",
+                    "-o",
+                    "ConnectTimeout=5",
+                    f"{USER}@localhost",
+                    "bash --login -c 'ray --version'",
+                ],
+                capture_output=True,
+                text=True,
             )
             if probe.returncode == 0:
                 return

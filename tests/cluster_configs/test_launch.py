@@ -82,8 +82,20 @@ def _launch_yaml(stage: Path, key: Path, ports: dict[str, int], fs_root: str) ->
 def _stage(stage: Path, fs_root: str, model: str, serve_port: int) -> None:
     """The wheel and a copy of cluster_configs/ whose fs roots and Serve model fit one machine."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(stage / "dist"), str(REPO)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(stage / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
     )
     configs = stage / "cluster_configs"
     shutil.copytree(REPO / "cluster_configs", configs)
@@ -108,9 +120,7 @@ def _stage(stage: Path, fs_root: str, model: str, serve_port: int) -> None:
 
 def _complete(port: int, tokens: list[int]) -> int:
     body = json.dumps({"model": "tiny", "prompt": tokens, "max_tokens": 1, "temperature": 0.0}).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
-    )
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:
         usage = json.load(r)["usage"]
     return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
@@ -147,8 +157,17 @@ def test_ray_up_onprem_yaml_on_localhost(tmp_path, free_port) -> None:
             assert name in status, status
 
         t0 = time.monotonic()
-        _sh([RAY, "exec", str(config),
-             f"serve deploy ~/raykv-config/serve_llm.yaml -a http://127.0.0.1:{ports['dashboard']}"], stage, 300, log)
+        _sh(
+            [
+                RAY,
+                "exec",
+                str(config),
+                f"serve deploy ~/raykv-config/serve_llm.yaml -a http://127.0.0.1:{ports['dashboard']}",
+            ],
+            stage,
+            300,
+            log,
+        )
         deadline = time.monotonic() + 600
         while True:
             try:

@@ -64,7 +64,8 @@ class Engine:
             "object_store": TierFactory.create_tier({"type": "object_store"}, self.region.view, services=services),
             "fs": TierFactory.create_tier(
                 {"type": "fs", "root": root, "capacity_bytes": 12 * (BLOCK + 4096), "fsync": False},
-                self.region.view, services=services,
+                self.region.view,
+                services=services,
             ),
         }
 
@@ -97,18 +98,25 @@ def cluster(tmp_path_factory, free_port):
     c = Cluster(
         initialize_head=True,
         head_node_args={
-            "num_cpus": 1, "resources": {"node_a": 1}, "object_store_memory": 128 << 20,
-            "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port(),
+            "num_cpus": 1,
+            "resources": {"node_a": 1},
+            "object_store_memory": 128 << 20,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
             "_system_config": {"metrics_report_interval_ms": 500},
         },
     )
     c.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=128 << 20)
     ray.init(address=c.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
-    services = raykv.start({
-        "namespace": NAMESPACE, "directory_shards": 2,
-        "tiers": [{"type": "object_store", "capacity_bytes": 12 * BLOCK}],
-    })
+    services = raykv.start(
+        {
+            "namespace": NAMESPACE,
+            "directory_shards": 2,
+            "tiers": [{"type": "object_store", "capacity_bytes": 12 * BLOCK}],
+        }
+    )
     yield ray._private.worker.global_worker.node, root
     services.shutdown()
     ray.shutdown()
@@ -118,8 +126,9 @@ def cluster(tmp_path_factory, free_port):
 @pytest.fixture(scope="module")
 def prometheus(cluster, tmp_path_factory, free_port, system_binary):
     """Debian's prometheus scraping every Ray node once a second; yields its base URL."""
-    binary = system_binary(("prometheus",), "RAYKV_PROMETHEUS", "RAYKV_REQUIRE_PROMETHEUS",
-                           "Debian: apt-get install -y prometheus")
+    binary = system_binary(
+        ("prometheus",), "RAYKV_PROMETHEUS", "RAYKV_REQUIRE_PROMETHEUS", "Debian: apt-get install -y prometheus"
+    )
     node, _ = cluster
     sd_file = Path(node.get_session_dir_path()) / SD_FILE
     deadline = time.monotonic() + 30
@@ -135,9 +144,14 @@ def prometheus(cluster, tmp_path_factory, free_port, system_binary):
     )
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=open(work / "prometheus.log", "wb"), stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=open(work / "prometheus.log", "wb"),
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -210,7 +224,9 @@ def test_every_dashboard_panel_returns_data_from_prometheus(cluster, prometheus)
     empty: list[str] = []
     deadline = time.monotonic() + 90
     while True:
-        empty = [f"{title}: {expr}" for title, expr in queries if not _query(prometheus, expr.replace("$session", session))]
+        empty = [
+            f"{title}: {expr}" for title, expr in queries if not _query(prometheus, expr.replace("$session", session))
+        ]
         if not empty or time.monotonic() > deadline:
             break
         time.sleep(2)

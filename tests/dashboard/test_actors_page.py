@@ -25,15 +25,24 @@ SHOT = REPO / "artifacts" / "dashboard" / "actors.png"
 NS = "raykv-dashboard-test"
 # Flags that work in containers without a display, a sandbox or network.
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
 @pytest.fixture(scope="session")
 def chromium(system_binary) -> str:
-    return system_binary(("chromium", "chromium-browser"), "RAYKV_CHROMIUM", "RAYKV_REQUIRE_BROWSER",
-                         "Debian: apt-get install -y chromium")
+    return system_binary(
+        ("chromium", "chromium-browser"),
+        "RAYKV_CHROMIUM",
+        "RAYKV_REQUIRE_BROWSER",
+        "Debian: apt-get install -y chromium",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +53,30 @@ def dashboard(tmp_path_factory, free_port):
     # A head node like `ray start --head` makes, on ports of its own: the dashboard
     # agent's default port (52365) may be taken by another Ray on this machine,
     # and without its agent the dashboard cannot show an actor's logs.
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 128 << 20, "include_dashboard": True,
-        "dashboard_host": "127.0.0.1", "dashboard_port": free_port(), "dashboard_agent_listen_port": free_port(),
-    })
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "object_store_memory": 128 << 20,
+            "include_dashboard": True,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
+            "dashboard_agent_listen_port": free_port(),
+        },
+    )
     ctx = ray.init(address=cluster.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
-    services = raykv.start({
-        "namespace": NS, "directory_shards": 2, "status_log_s": 1.0,
-        "tiers": [{"type": "object_store", "capacity_bytes": 8 << 20}, {"type": "fs", "root": root, "capacity_bytes": 0}],
-    })
+    services = raykv.start(
+        {
+            "namespace": NS,
+            "directory_shards": 2,
+            "status_log_s": 1.0,
+            "tiers": [
+                {"type": "object_store", "capacity_bytes": 8 << 20},
+                {"type": "fs", "root": root, "capacity_bytes": 0},
+            ],
+        }
+    )
     yield f"http://{ctx.dashboard_url}", services, root
     services.shutdown()
     ray.shutdown()
@@ -123,7 +146,9 @@ def test_actors_page_shows_raykv_actors_and_reprs(dashboard, chromium) -> None:
     assert "ObjectStoreActor" in os_cells and "capacity 8.0 MiB" in os_cells  # tier, node and capacity
     assert "capacity unlimited" in " ".join(rows[naming.fs_actor(root)])
     for name in expected:  # a repr is recorded once, at start: it must hold no counts that change
-        assert not any(f"{count}=" in " ".join(rows[name]) for count in ("blocks", "files", "keys", "holders", "rules")), rows[name]
+        assert not any(
+            f"{count}=" in " ".join(rows[name]) for count in ("blocks", "files", "keys", "holders", "rules")
+        ), rows[name]
 
 
 def _open_logged_in(page, url: str, ready) -> None:
@@ -143,9 +168,9 @@ def _traffic(services, root: str) -> None:
     """8 blocks stored into the object_store and fs tiers, looked up, 4 loaded back."""
     import numpy as np
 
-    from raykv.tier_driver import TierDriver
     from raykv.factory import TierFactory
     from raykv.primary import PrimaryRegion
+    from raykv.tier_driver import TierDriver
 
     region = PrimaryRegion(16, 64 << 10)
     region.array[:] = np.random.default_rng(0).integers(0, 256, region.array.shape, dtype=np.uint8)

@@ -114,14 +114,16 @@ class Workload:
         for name, t in self.tiers.items():
             for res in t.get_finished_jobs():
                 self._result(name, res)
-        for jid, (r, name, kind, t0) in list(self.jobs.items()):
+        for jid, (_r, name, kind, t0) in list(self.jobs.items()):
             if now - t0 > self.job_deadline_s:
                 self._error(f"{kind} job {jid} on {name} has no result after {self.job_deadline_s}s")
                 self.c["job_hangs"] += 1
                 del self.jobs[jid]  # counted; its slots stay referenced (shows in slot_refs)
 
     def _submit(self, r: _Req, tier: str, kind: str) -> None:
-        job = TransferJob(next(_job_ids), list(r.keys), np.asarray(r.slots, dtype=np.int64), kind == "load", ReqContext(f"r{r.rid}"))
+        job = TransferJob(
+            next(_job_ids), list(r.keys), np.asarray(r.slots, dtype=np.int64), kind == "load", ReqContext(f"r{r.rid}")
+        )
         self.refs[r.slots] += 1
         self.jobs[job.job_id] = (r, tier, kind, time.monotonic())
         r.jobs.add(job.job_id)

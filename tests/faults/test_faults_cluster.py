@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
 import raykv  # noqa: E402
-from raykv.identity import scoped_keys
 from raykv import naming  # noqa: E402
+from raykv.identity import scoped_keys
 
 ray.cloudpickle.register_pickle_by_value(harness)
 
@@ -100,10 +100,15 @@ class Engine:
 
     def store_and_die(self, delay_s: float) -> None:
         """Submit a store of every slot to every tier, then crash mid-store."""
-        from raykv.contract import ReqContext, TransferJob
         import numpy as np
 
-        keys = [k for i in range(1000, 1000 + self.region.num_chunks // harness.BLOCKS_PER_REQ) for k in harness.request_keys(i)]
+        from raykv.contract import ReqContext, TransferJob
+
+        keys = [
+            k
+            for i in range(1000, 1000 + self.region.num_chunks // harness.BLOCKS_PER_REQ)
+            for k in harness.request_keys(i)
+        ]
         for j, k in enumerate(keys):
             self.region.array[j] = harness.expected(k)
         for n, t in enumerate(self.tiers.values()):
@@ -208,7 +213,10 @@ def test_tier_actor_killed_mid_workload(cluster, which):
     while len(_dropped_at(services, holder, wall_kill)) < services.directory.num_shards:
         if time.monotonic() - t_kill > 10:
             stats = services.directory.stats()
-            pytest.fail(f"entries of the killed {holder} not dropped: {[s['dropped'] for s in stats]} {[s['holders'] for s in stats]}")
+            pytest.fail(
+                f"entries of the killed {holder} not dropped: {[s['dropped'] for s in stats]}"
+                f" {[s['holders'] for s in stats]}"
+            )
         time.sleep(0.005)
     shard_drop = max(_dropped_at(services, holder, wall_kill))
     print(
@@ -289,8 +297,10 @@ def test_engine_killed_during_store(cluster, delay_s):
     calls = ray.get(os_actor.stats.remote())["counters"].get("store_calls", 0) - calls
     tmp = [n for _, _, fs in os.walk(root) for n in fs if n.endswith(".tmp")]
     print(f"\nstore calls that reached the object store actor: {calls}; temp files left: {len(tmp)}")
-    print(f"\nengine killed {1000 * delay_s:.0f} ms into a store of {len(keys)} blocks x 2 tiers: "
-          f"{len(listed)} keys listed afterwards, {ok} loaded back intact; /dev/shm region left: {os.path.exists(shm)}")
+    print(
+        f"\nengine killed {1000 * delay_s:.0f} ms into a store of {len(keys)} blocks x 2 tiers: "
+        f"{len(listed)} keys listed afterwards, {ok} loaded back intact; /dev/shm region left: {os.path.exists(shm)}"
+    )
     assert ok == len(listed)
     assert not os.path.exists(shm), "a killed engine left its primary region in /dev/shm"
     ray.get(reader.close.remote())
@@ -299,8 +309,8 @@ def test_engine_killed_during_store(cluster, delay_s):
 
 def _load_and_check(self, keys: list[bytes]) -> int:
     """Inside an Engine: load ``keys`` (from whichever tier holds them) and verify."""
-    from raykv.tier_driver import TierDriver
     from raykv.contract import LookupResult
+    from raykv.tier_driver import TierDriver
 
     good = 0
     for i in range(0, len(keys), 16):

@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raykv.identity import scoped_keys
-from raykv.tier_driver import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
+from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 from tiers.fs import format as fmt
 from tiers.fs.storage import LocalStorage
 
@@ -64,7 +64,9 @@ def test_fs_files_owner_only_even_with_umask_0(raykv_services, tmp_path):
         root = tmp_path / "kv"
         keys = prefix_keys(list(range(80)), 10, salt="modes")
         with PrimaryRegion(8, BLOCK) as reg:
-            t = TierFactory.create_tier({"type": "fs", "root": str(root), "fsync": False}, reg.view, services=raykv_services)
+            t = TierFactory.create_tier(
+                {"type": "fs", "root": str(root), "fsync": False}, reg.view, services=raykv_services
+            )
             assert TierDriver(t).store(keys, list(range(8))).success
             t.shutdown()
         # a URI root goes through pyarrow.fs: same modes
@@ -128,14 +130,21 @@ def test_no_path_component_from_user_input(raykv_services, tmp_path):
         with pytest.raises(ConfigError, match="root"):
             TierFactory.parse({"type": "fs", "root": root})
     # keys are arbitrary bytes: their file paths are their hex (or a hash), always under the root
-    evil = [b"../../../../etc/passwd\x00\x00\x00\x00", b"/abs/path" + bytes(4), b"..\\..\\x" + bytes(4), bytes(200) + b"/.."]
+    evil = [
+        b"../../../../etc/passwd\x00\x00\x00\x00",
+        b"/abs/path" + bytes(4),
+        b"..\\..\\x" + bytes(4),
+        bytes(200) + b"/..",
+    ]
     for k in evil:
         rel = fmt.rel_path(k)
         assert ".." not in rel.split("/") and not rel.startswith("/") and set(rel) <= set("0123456789abcdefh/.kv")
     root = tmp_path / "kv"
     with PrimaryRegion(4, BLOCK) as reg:
         reg.array[:] = 1
-        t = TierFactory.create_tier({"type": "fs", "root": str(root), "fsync": False}, reg.view, services=raykv_services)
+        t = TierFactory.create_tier(
+            {"type": "fs", "root": str(root), "fsync": False}, reg.view, services=raykv_services
+        )
         assert TierDriver(t).store(evil, [0, 1, 2, 3]).success
         t.shutdown()
     inside = {os.path.realpath(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs}

@@ -16,12 +16,12 @@ import pytest
 import ray
 
 import raykv
-from raykv.identity import scoped_keys
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
+from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 MiB = 1024 * 1024
 BLOCK = MiB
@@ -59,9 +59,7 @@ def _fill_plasma() -> list:
 def test_full_object_store_fails_the_store_cleanly(services_no_spill):
     services = services_no_spill
     region = PrimaryRegion(16, BLOCK)
-    tier = TierFactory.create_tier(
-        {"type": "object_store", "capacity_bytes": 48 * MiB}, region.view, services=services
-    )
+    tier = TierFactory.create_tier({"type": "object_store", "capacity_bytes": 48 * MiB}, region.view, services=services)
     driver = TierDriver(tier)
     keys = prefix_keys(list(range(80)), 10)
     for i in range(8):
@@ -84,7 +82,10 @@ def test_full_object_store_fails_the_store_cleanly(services_no_spill):
         loaded = driver.load(keys, list(range(8, 16)))
         assert loaded.success, loaded.error
         assert np.array_equal(region.array[8:16], region.array[:8])
-        print(f"\nfull object store -> failed store: {full.error[:120]!r}; after freeing plasma: stored and loaded 8 x 1 MiB")
+        print(
+            f"\nfull object store -> failed store: {full.error[:120]!r};"
+            " after freeing plasma: stored and loaded 8 x 1 MiB"
+        )
     finally:
         tier.shutdown()
         region.close()

@@ -61,7 +61,14 @@ def soak(services, tmp_path, seconds: float) -> dict:
             services=services,
         ),
         "fs": TierFactory.create_tier(
-            {"type": "fs", "namespace": NS, "root": root, "capacity_bytes": 3 * MiB, "fsync": False, "control_timeout_s": 10.0},
+            {
+                "type": "fs",
+                "namespace": NS,
+                "root": root,
+                "capacity_bytes": 3 * MiB,
+                "fsync": False,
+                "control_timeout_s": 10.0,
+            },
             region.view,
             services=services,
         ),

@@ -12,10 +12,10 @@ import ray
 from nbclient import NotebookClient
 
 import raykv
-from raykv.tier_driver import TierDriver
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NS = "raykv-inspect-test"
@@ -24,7 +24,9 @@ NS = "raykv-inspect-test"
 def _run(name: str, tmp_path: Path, timeout: int = 120) -> nbformat.NotebookNode:
     """Execute ``notebooks/<name>`` in a fresh kernel; raises on the first failing cell."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     return nb
 
 
@@ -41,7 +43,7 @@ def _outputs(nb: nbformat.NotebookNode) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _line(text: str, prefix: str) -> str:
-    return next(line for line in text.splitlines() if line.startswith(prefix))[len(prefix):].strip()
+    return next(line for line in text.splitlines() if line.startswith(prefix))[len(prefix) :].strip()
 
 
 def test_quickstart(tmp_path: Path) -> None:
@@ -64,8 +66,14 @@ def running_cluster(tmp_path_factory):
     """A 'running cluster': local Ray, raykv with blocks in the object_store and fs tiers."""
     if ray.is_initialized():
         ray.shutdown()
-    ctx = ray.init(address="local", num_cpus=2, object_store_memory=256 << 20, include_dashboard=False,
-                   log_to_driver=False, _system_config={"metrics_report_interval_ms": 500})
+    ctx = ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config={"metrics_report_interval_ms": 500},
+    )
     root = str(tmp_path_factory.mktemp("fs-root"))
     services = raykv.start({"namespace": NS, "directory_shards": 2})
     region = PrimaryRegion(16, 32 * 1024)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 import raykv
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
 from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 
 @pytest.fixture

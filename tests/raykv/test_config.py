@@ -24,7 +24,11 @@ def test_defaults_roundtrip():
         ({"directory_shards": True}, "directory_shards", "must be int"),
         ({"namespace": "has space"}, "namespace", "letters, digits"),
         ({"tiers": [{"type": "nope"}]}, "tiers[0].type", "known types: example, example_node, fs, object_store"),
-        ({"rules": [{"tier": "fs", "policy": "sometimes"}]}, "rules[0].policy", "request_level, chunk_level, block_level"),
+        (
+            {"rules": [{"tier": "fs", "policy": "sometimes"}]},
+            "rules[0].policy",
+            "request_level, chunk_level, block_level",
+        ),
         ({"rules": [{"tier": "fs", "match": {"user": "x"}}]}, "rules[0].match.user", "tenant, kv_transfer_params"),
     ],
 )
@@ -36,7 +40,9 @@ def test_raykv_config_errors(raw, field, words):
 
 
 def test_unknown_tier_type_lists_known_types():
-    with pytest.raises(ConfigError, match=r"unknown tier type 'redis'; known types: example, example_node, fs, object_store"):
+    with pytest.raises(
+        ConfigError, match=r"unknown tier type 'redis'; known types: example, example_node, fs, object_store"
+    ):
         TierFactory.get_tier_class({"type": "redis"}, "secondary_tiers[0]")
 
 

@@ -10,10 +10,10 @@ import ray
 
 import raykv
 from raykv import naming
-from raykv.tier_driver import TierDriver
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 NS = "raykv-control-test"
 
@@ -54,8 +54,10 @@ def test_holder_leaves_when_it_dies_and_returns_when_restarted(services, tmp_pat
             assert TierDriver(tier).store(prefix_keys(list(range(40)), 10), [0, 1, 2, 3]).success
             # a crash: Ray restarts it, and it announces itself again
             ray.kill(tier.actor, no_restart=False)
-            _wait_for(lambda: _restarted(tier.actor) and holder in _holder_ids(services),
-                      what="the restarted root actor to be listed again")
+            _wait_for(
+                lambda: _restarted(tier.actor) and holder in _holder_ids(services),
+                what="the restarted root actor to be listed again",
+            )
             # for good: it leaves the list (nobody asks a dead holder again)
             ray.kill(tier.actor, no_restart=True)
             _wait_for(lambda: holder not in _holder_ids(services), what="the dead holder to leave the list")
@@ -80,6 +82,8 @@ def test_rules_readers_show_the_version_engines_hold(services):
     assert policy.wait_version(0, timeout=30)
     version = services.add_rule({"name": "r", "tier": "*", "match": {"tenant": "t"}})
     assert policy.wait_version(version, timeout=10)
-    _wait_for(lambda: version in ray.get(services.control.rules_readers.remote()),
-              what="the long poll to wait at the new version")
+    _wait_for(
+        lambda: version in ray.get(services.control.rules_readers.remote()),
+        what="the long poll to wait at the new version",
+    )
     assert services.remove_rule("r") == version + 1

@@ -11,11 +11,11 @@ import time
 import ray
 
 import raykv
-from raykv.tier_driver import TierDriver
 from raykv.factory import TierFactory
 from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 NS = "raykv-reconcile"
 

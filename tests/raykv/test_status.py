@@ -14,13 +14,13 @@ import pytest
 import ray
 
 import raykv
-from raykv.metrics import scrape
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
+from raykv.metrics import scrape
 from raykv.primary import PrimaryRegion
 from raykv.status import collect_status, format_status
+from raykv.tier_driver import TierDriver
 
 BLOCK = 32 * 1024
 NS = "raykv-status-test"
@@ -29,7 +29,10 @@ OS_CAPACITY = 64 * BLOCK
 
 def _raykv(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "raykv.cli", *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "raykv.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
     )
 
@@ -60,8 +63,14 @@ def filled(tmp_path_factory):
     """A local Ray with raykv, 10 blocks in the object store tier and 6 in the fs tier, and lookups."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=2, object_store_memory=256 << 20, include_dashboard=False,
-             log_to_driver=False, _system_config={"metrics_report_interval_ms": 500})
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config={"metrics_report_interval_ms": 500},
+    )
     root = str(tmp_path_factory.mktemp("fs-root"))
     services = raykv.start({"namespace": NS, "directory_shards": 3})
     region = PrimaryRegion(32, BLOCK)

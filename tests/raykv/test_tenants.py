@@ -7,13 +7,13 @@ import pytest
 import ray
 
 import raykv
-from raykv.tier_driver import TierDriver
 from raykv.config import ConfigError, RaykvConfig
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
 from raykv.primary import PrimaryRegion
 from raykv.status import collect_status, format_status
 from raykv.tenants import TenantLRU, tenant_of
+from raykv.tier_driver import TierDriver
 
 BLOCK = 64 * 1024
 NS = "raykv-tenants-test"
@@ -119,7 +119,8 @@ def test_burst_of_one_tenant_leaves_the_other_tenants_blocks(services, tmp_path_
     quota_blocks = 8
     per_block = BLOCK if kind == "object_store" else BLOCK + 4096  # fs: the file header (< 4 KiB)
     cfg = {
-        "type": kind, "capacity_bytes": 2 * quota_blocks * per_block,
+        "type": kind,
+        "capacity_bytes": 2 * quota_blocks * per_block,
         "tenant_quotas": {"tenant-a": quota_blocks * per_block, "tenant-b": quota_blocks * per_block},
     }
     if kind == "fs":

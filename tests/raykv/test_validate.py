@@ -26,8 +26,23 @@ def _option_names() -> list[str]:
 
 
 NAMES = _option_names()
-WORDS = ["fs", "object_store", "example", "*", "", "raykv", "other-ns", "/tmp/raykv-prop", "/tmp//raykv-prop/",
-         "relative/root", "s3://bucket/kv", "request_level", "chunk_level", "persist", "tiers.example"]
+WORDS = [
+    "fs",
+    "object_store",
+    "example",
+    "*",
+    "",
+    "raykv",
+    "other-ns",
+    "/tmp/raykv-prop",
+    "/tmp//raykv-prop/",
+    "relative/root",
+    "s3://bucket/kv",
+    "request_level",
+    "chunk_level",
+    "persist",
+    "tiers.example",
+]
 
 scalars = st.one_of(
     st.none(),
@@ -55,12 +70,16 @@ def _tier() -> st.SearchStrategy:
 
 def _rule() -> st.SearchStrategy:
     match = st.fixed_dictionaries(
-        {}, optional={"tenant": scalars, "kv_transfer_params": st.one_of(trees, st.dictionaries(keys, trees, max_size=3))}
+        {},
+        optional={"tenant": scalars, "kv_transfer_params": st.one_of(trees, st.dictionaries(keys, trees, max_size=3))},
     )
     return st.fixed_dictionaries(
         {"tier": st.one_of(st.sampled_from(WORDS), scalars)},
-        optional={"policy": st.one_of(st.sampled_from(["request_level", "CHUNK_LEVEL", "block_level", "x"]), scalars),
-                  "match": st.one_of(match, trees), "name": st.one_of(st.sampled_from(["a", "b"]), scalars)},
+        optional={
+            "policy": st.one_of(st.sampled_from(["request_level", "CHUNK_LEVEL", "block_level", "x"]), scalars),
+            "match": st.one_of(match, trees),
+            "name": st.one_of(st.sampled_from(["a", "b"]), scalars),
+        },
     )
 
 
@@ -114,10 +133,30 @@ def test_the_property_test_reached_both_outcomes() -> None:
 
 
 # -- odd kv_transfer_params: a request is never refused, a rule never crashes ------------------
-ODD_PARAMS = [None, {}, [], 0, "", False, "persist", ["persist"], 5, 2.5, b"persist", ("persist", True),
-              {"persist": None}, {"persist": [True]}, {"persist": {"a": {"b": [1, None]}}}, {"persist": float("nan")},
-              {"tenant": 7}, {"tenant": {"x": [1]}}, {"tenant": ["a"]}, {"tenant": True}, {1: 2, "persist": "yes"},
-              {"persist": object()}]
+ODD_PARAMS = [
+    None,
+    {},
+    [],
+    0,
+    "",
+    False,
+    "persist",
+    ["persist"],
+    5,
+    2.5,
+    b"persist",
+    ("persist", True),
+    {"persist": None},
+    {"persist": [True]},
+    {"persist": {"a": {"b": [1, None]}}},
+    {"persist": float("nan")},
+    {"tenant": 7},
+    {"tenant": {"x": [1]}},
+    {"tenant": ["a"]},
+    {"tenant": True},
+    {1: 2, "persist": "yes"},
+    {"persist": object()},
+]
 
 
 class _Weird:
@@ -129,8 +168,10 @@ class _Weird:
 
 @pytest.mark.parametrize("params", [*ODD_PARAMS, {"persist": _Weird()}], ids=repr)
 def test_odd_request_params_never_break_policy_decisions(params) -> None:
-    rules = [PolicyRule.from_dict({"tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}),
-             PolicyRule.from_dict({"tier": "*", "match": {"tenant": "acme"}})]
+    rules = [
+        PolicyRule.from_dict({"tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}),
+        PolicyRule.from_dict({"tier": "*", "match": {"tenant": "acme"}}),
+    ]
     req = ReqContext("r", kv_transfer_params=params)
     ctx = decide(rules, "fs", req)
     assert ctx.policy is OffloadPolicy.CHUNK_LEVEL  # none of them says persist: True, or tenant acme
@@ -141,7 +182,9 @@ def test_odd_request_params_never_break_policy_decisions(params) -> None:
 
 
 def test_matching_params_still_match() -> None:
-    rules = [PolicyRule.from_dict({"tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}),
-             PolicyRule.from_dict({"tier": "object_store", "match": {"tenant": "7"}})]
+    rules = [
+        PolicyRule.from_dict({"tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}),
+        PolicyRule.from_dict({"tier": "object_store", "match": {"tenant": "7"}}),
+    ]
     assert decide(rules, "fs", ReqContext("r", {"persist": True, "x": [1]})).policy is OffloadPolicy.REQUEST_LEVEL
     assert decide(rules, "object_store", ReqContext("r", {"tenant": 7})).policy is OffloadPolicy.REQUEST_LEVEL

@@ -56,7 +56,11 @@ class ExampleNodeActor(HolderActor):
         super().__init__(
             holder_info(node_id, namespace),
             namespace,
-            {"stored": "raykv_tier_stored_blocks", "evicted": "raykv_tier_evicted_blocks", "served": "raykv_tier_served_blocks"},
+            {
+                "stored": "raykv_tier_stored_blocks",
+                "evicted": "raykv_tier_evicted_blocks",
+                "served": "raykv_tier_served_blocks",
+            },
         )
         self.node_id = node_id
         self.capacity = int(capacity_bytes)
@@ -75,7 +79,8 @@ class ExampleNodeActor(HolderActor):
         return len(self._blocks), self._bytes, self.capacity
 
     def status_line(self) -> str:
-        return f"example_node node={self.node_id[:12]}: {len(self._blocks)} blocks, {fmt_bytes(self._bytes)} / {fmt_bytes(self.capacity)}"
+        used = f"{fmt_bytes(self._bytes)} / {fmt_bytes(self.capacity)}"
+        return f"example_node node={self.node_id[:12]}: {len(self._blocks)} blocks, {used}"
 
     def describe(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "capacity_bytes": self.capacity, "requested_capacity_bytes": self.capacity}
@@ -153,7 +158,9 @@ class ExampleNodeActor(HolderActor):
 class ExampleNodeOptions:
     namespace: str = namespace_option()
     capacity_bytes: int = opt(256 << 20, kind=int, min=0, doc="bytes of blocks each node's actor keeps (LRU)")
-    job_timeout_s: float = opt(30.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails")
+    job_timeout_s: float = opt(
+        30.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
+    )
 
 
 class ExampleNodeTier(ActorCallTier):

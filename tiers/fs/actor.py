@@ -23,8 +23,8 @@ from typing import Any
 import ray
 
 from raykv import naming
-from raykv.placement import SHARED, HolderInfo
 from raykv.holder_actor import HolderActor
+from raykv.placement import SHARED, HolderInfo
 from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.fs.storage import open_storage
@@ -55,7 +55,11 @@ class FsRootActor(HolderActor):
     BLOCKS_DIE_WITH_ACTOR = False
 
     def __init__(
-        self, root: str, capacity_bytes: int, namespace: str, tmp_max_age_s: float = 3600.0,
+        self,
+        root: str,
+        capacity_bytes: int,
+        namespace: str,
+        tmp_max_age_s: float = 3600.0,
         tenant_quotas: dict[str, int] | None = None,
     ) -> None:
         super().__init__(holder_info(root, namespace), namespace, METRIC_COUNTERS)
@@ -69,9 +73,11 @@ class FsRootActor(HolderActor):
         self.storage.ensure_root()
         self._index: OrderedDict[bytes, int] = OrderedDict()
         self._bytes = 0
-        self.counters.update(dict.fromkeys(
-            ("commits", "committed", "evicted", "removed", "invalidated", "touches", "directory_errors"), 0
-        ))
+        self.counters.update(
+            dict.fromkeys(
+                ("commits", "committed", "evicted", "removed", "invalidated", "touches", "directory_errors"), 0
+            )
+        )
         self.removed_reasons: dict[str, int] = {}
         self.scanned = 0
         self._tmp_max_age_s = tmp_max_age_s
@@ -94,7 +100,11 @@ class FsRootActor(HolderActor):
         self.scanned = len(entries)
         logger.info(
             "fs root %s: found %d block files (%s) in %.2fs, evicted %d over capacity",
-            self.root, len(entries), fmt_bytes(self._bytes), time.monotonic() - t0, len(evicted),
+            self.root,
+            len(entries),
+            fmt_bytes(self._bytes),
+            time.monotonic() - t0,
+            len(evicted),
         )
 
     def __repr__(self) -> str:
@@ -168,7 +178,10 @@ class FsRootActor(HolderActor):
 
     # -- API -----------------------------------------------------------------
     async def commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        verify: Sequence[bytes] = (),
         tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """``_commit``, run to its end even if the calling engine dies mid-call
@@ -177,7 +190,10 @@ class FsRootActor(HolderActor):
         return await asyncio.shield(self._commit(keys, sizes, verify, tenants))
 
     async def _commit(
-        self, keys: Sequence[bytes], sizes: Sequence[int], verify: Sequence[bytes] = (),
+        self,
+        keys: Sequence[bytes],
+        sizes: Sequence[int],
+        verify: Sequence[bytes] = (),
         tenants: Sequence[str] | None = None,
     ) -> dict[str, list[bytes]]:
         """Take ``keys`` (files written, or found present, by an engine) into the index.

@@ -196,9 +196,7 @@ def verify(header_buf: "bytes | memoryview", key: bytes, payload: "bytes | memor
     if h.payload_len != len(payload):
         raise FormatError(f"payload length {h.payload_len} != block size {len(payload)}")
     if file_len != h.header_len + h.payload_len:
-        raise FormatError(
-            f"file length {file_len} != {h.header_len + h.payload_len} (truncated or overlong)"
-        )
+        raise FormatError(f"file length {file_len} != {h.header_len + h.payload_len} (truncated or overlong)")
     if checksum_impl(h.algo)(payload) & 0xFFFFFFFFFFFFFFFF != h.payload_checksum:
         raise FormatError(f"payload checksum mismatch ({ALGORITHM_NAMES.get(h.algo, h.algo)})")
 

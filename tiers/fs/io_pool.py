@@ -36,8 +36,7 @@ class IoPool:
         self._closed = False
         self._running = 0
         self._threads = [
-            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-            for i in range(num_threads)
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(num_threads)
         ]
         for t in self._threads:
             t.start()
@@ -56,9 +55,7 @@ class IoPool:
                 return
         _call(on_cancel)
 
-    def submit_many(
-        self, priority: int, tasks: list[tuple[Callable[[], None], Callable[[], None] | None]]
-    ) -> None:
+    def submit_many(self, priority: int, tasks: list[tuple[Callable[[], None], Callable[[], None] | None]]) -> None:
         with self._cond:
             if not self._closed:
                 for task, on_cancel in tasks:

@@ -274,7 +274,10 @@ class LocalStorage(Storage):
         if legacy:  # blocks written before identity scoping: never served again
             logger.warning(
                 "fs root %s has %d fan-out folders of unscoped blocks from an older raykv; they are "
-                "ignored and can be deleted (rm -r %s/??)", self.root, len(legacy), self.root,
+                "ignored and can be deleted (rm -r %s/??)",
+                self.root,
+                len(legacy),
+                self.root,
             )
         for l1 in _subdirs(self.root, fmt.is_identity_dir):
             for l2 in _subdirs(l1, fmt.is_fan_dir):

@@ -30,18 +30,18 @@ import numpy as np
 import ray
 
 from raykv import naming
+from raykv.actor_tier import DirectoryBackedTier
 from raykv.cluster import RaykvServices
 from raykv.config import ConfigError, namespace_option, opt
 from raykv.contract import ReqContext, TransferJob
-from raykv.placement import SHARED, HolderInfo
-from raykv.keys import OffloadKey
 from raykv.identity import KVIdentity
-from raykv.tenants import tenant_of, tenant_quotas_option
-from raykv.actor_tier import DirectoryBackedTier
+from raykv.keys import OffloadKey
+from raykv.placement import SHARED, HolderInfo
 from raykv.polling import ActorLiveness
+from raykv.tenants import tenant_of, tenant_quotas_option
+from tiers.fs import format as fmt
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
-from tiers.fs import format as fmt
 from tiers.fs.format import FormatError
 from tiers.fs.storage import canonical_root, check_root, open_storage, root_problem_here
 
@@ -50,7 +50,6 @@ logger = logging.getLogger(__name__)
 GiB = 1024**3
 #: How a control call's error starts when the live root actor raised (it did nothing).
 _COMMIT_REFUSED = "fs root actor failed"
-
 
 
 @dataclass
@@ -81,7 +80,9 @@ class FsOptions:
     control_timeout_s: float = opt(
         30.0, kind=float, min=0.1, max=86400.0, doc="longest wait for the root actor before a job fails"
     )
-    tenant_quotas: dict = tenant_quotas_option("bytes of block files under the root", "Set when the root's actor starts")
+    tenant_quotas: dict = tenant_quotas_option(
+        "bytes of block files under the root", "Set when the root's actor starts"
+    )
 
 
 class _Job:
@@ -209,7 +210,9 @@ class _Controller:
             for job, idx in removes:
                 for i in idx:
                     by_reason.setdefault(job.outcomes[i][0], []).append(job.keys[i])
-            remove_refs = [self._call(lambda r=r, ks=ks: self.actor.remove.remote(ks, r)) for r, ks in by_reason.items()]
+            remove_refs = [
+                self._call(lambda r=r, ks=ks: self.actor.remove.remote(ks, r)) for r, ks in by_reason.items()
+            ]
         if commits:
             result, err = self._get(commit_ref)
             for job in commits:
@@ -328,8 +331,7 @@ class FsTier(DirectoryBackedTier):
                 return
             run = self._store_one if store else self._load_one
             tasks = [
-                (lambda i=i: run(state, i), lambda i=i: self._cancelled(state, i, store))
-                for i in range(len(keys))
+                (lambda i=i: run(state, i), lambda i=i: self._cancelled(state, i, store)) for i in range(len(keys))
             ]
             self._pool.submit_many(io_pool.STORE if store else io_pool.LOAD, tasks)
         except Exception as e:

@@ -35,11 +35,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv import naming
-from raykv import placement
+from raykv import naming, placement
+from raykv.holder_actor import HolderActor, start_on_node
 from raykv.placement import PLASMA, HolderInfo
 from raykv.primary import MappedRegion, RegionHandle
-from raykv.holder_actor import HolderActor, start_on_node
 from raykv.tenants import DEFAULT_TENANT, fmt_tenants
 from raykv.units import fmt_bytes
 from tiers.object_store import packing
@@ -56,7 +55,9 @@ PARALLEL_COPY_BYTES = 4 << 20
 
 def holder_info(node_id: str, namespace: str) -> HolderInfo:
     """The directory holder of a node's object store actor."""
-    return HolderInfo(f"{TIER_TYPE}:{node_id}", TIER_TYPE, PLASMA, naming.object_store_actor(node_id), namespace, node_id)
+    return HolderInfo(
+        f"{TIER_TYPE}:{node_id}", TIER_TYPE, PLASMA, naming.object_store_actor(node_id), namespace, node_id
+    )
 
 
 def _is_peer(holder: HolderInfo, tried: set[str]) -> bool:
@@ -104,8 +105,12 @@ class ObjectStoreActor(HolderActor):
             self.index.capacity = int(self.max_fraction * plasma)
             logger.warning(
                 "object store tier on %s: capacity_bytes=%d exceeds %.0f%% of the node's object store "
-                "(%d bytes); using %d", self.node_id, self.requested_capacity, self.max_fraction * 100,
-                plasma, self.index.capacity,
+                "(%d bytes); using %d",
+                self.node_id,
+                self.requested_capacity,
+                self.max_fraction * 100,
+                plasma,
+                self.index.capacity,
             )
         self.plasma_bytes = plasma
 
@@ -115,7 +120,8 @@ class ObjectStoreActor(HolderActor):
         d = self.__dict__
         index = d.get("index")
         cap = index.capacity if index is not None else d.get("requested_capacity")
-        return f"ObjectStore(node={str(d.get('node_id', '?'))[:12]}, capacity {fmt_bytes(cap) if cap is not None else '?'})"
+        capacity = fmt_bytes(cap) if cap is not None else "?"
+        return f"ObjectStore(node={str(d.get('node_id', '?'))[:12]}, capacity {capacity})"
 
     def status_line(self) -> str:
         c, used, cap = self.counters, self.index.used, self.index.capacity
@@ -199,14 +205,20 @@ class ObjectStoreActor(HolderActor):
         shares = [[(pieces, ends, bb, items[j::k]) for pieces, ends, bb, items in packs] for j in range(k)]
         ok: list[int] = []
         bad: dict[int, str] = {}
-        for o, b in await asyncio.gather(*(self._run(self._copy, array, bpc, chunk_ids, sh, deadline) for sh in shares)):
+        for o, b in await asyncio.gather(
+            *(self._run(self._copy, array, bpc, chunk_ids, sh, deadline) for sh in shares)
+        ):
             ok += o
             bad.update(b)
         return ok, bad
 
     # -- API -----------------------------------------------------------------
     async def store(
-        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int],
+        self,
+        job_id: int,
+        region: RegionHandle,
+        keys: Sequence[bytes],
+        chunk_ids: Sequence[int],
         tenant: str = DEFAULT_TENANT,
     ) -> dict[str, Any]:
         """``_store``, run to its end even when the caller dies mid-call: Ray
@@ -215,7 +227,11 @@ class ObjectStoreActor(HolderActor):
         return await asyncio.shield(self._store(job_id, region, keys, chunk_ids, tenant))
 
     async def _store(
-        self, job_id: int, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int],
+        self,
+        job_id: int,
+        region: RegionHandle,
+        keys: Sequence[bytes],
+        chunk_ids: Sequence[int],
         tenant: str = DEFAULT_TENANT,
     ) -> dict[str, Any]:
         """Put the blocks of ``keys`` (at ``chunk_ids`` of ``region``) into plasma,
@@ -400,7 +416,9 @@ class ObjectStoreActor(HolderActor):
 
     @staticmethod
     async def _fetch_packs(
-        packs: list[tuple[Any, list[int], int, list[tuple[int, int]]]], timeout: float | None, what: str,
+        packs: list[tuple[Any, list[int], int, list[tuple[int, int]]]],
+        timeout: float | None,
+        what: str,
         errors: dict[int, str],
     ) -> list[tuple[Any, list[int], int, list[tuple[int, int]]]]:
         """The packs' values (for ``_copy_all``); the keys of a pack that
@@ -453,12 +471,16 @@ class ObjectStoreActor(HolderActor):
                 errors.setdefault(i, "not held by any object store actor")
         return found
 
-    async def _locate(self, keys: Sequence[bytes], positions: list[int], tried: dict[int, set[str]]) -> dict[str, list[int]]:
+    async def _locate(
+        self, keys: Sequence[bytes], positions: list[int], tried: dict[int, set[str]]
+    ) -> dict[str, list[int]]:
         """Directory lookup (the engine's answer was missing or stale): per
         other node's actor name, the positions it holds and we did not ask yet."""
         self.counters["directory_lookups"] += 1
         try:
-            answers = await self._directory.lookup_async([keys[i] for i in positions]).result_async(self.remote_timeout_s)
+            answers = await self._directory.lookup_async([keys[i] for i in positions]).result_async(
+                self.remote_timeout_s
+            )
         except Exception as e:
             logger.warning("directory lookup for a load failed: %r", e)
             return {}
@@ -521,7 +543,12 @@ class ObjectStoreActor(HolderActor):
             found.append(k)
             e = packs.get(pack.pack_id)
             if e is None:
-                e = packs[pack.pack_id] = {"ref": pack.ref, "ends": pack.ends, "block_bytes": pack.block_bytes, "items": []}
+                e = packs[pack.pack_id] = {
+                    "ref": pack.ref,
+                    "ends": pack.ends,
+                    "block_bytes": pack.block_bytes,
+                    "items": [],
+                }
             e["items"].append((pos, idx))
         self.index.touch(found)
         self.counters["served_remote"] += len(found)
@@ -610,4 +637,6 @@ def _node_object_store_bytes(node_id: str) -> int:
 
 def start_actor(node_id: str, namespace: str, settings: dict[str, Any]) -> Any:
     """Start (or find) the object store actor of ``node_id``; returns its handle."""
-    return start_on_node(ObjectStoreActor, naming.object_store_actor(node_id), node_id, namespace, node_id, namespace, settings)
+    return start_on_node(
+        ObjectStoreActor, naming.object_store_actor(node_id), node_id, namespace, node_id, namespace, settings
+    )

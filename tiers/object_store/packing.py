@@ -39,7 +39,9 @@ from raykv.tenants import DEFAULT_TENANT, TenantLRU
 PIECE_BYTES = 1 << 20
 
 
-def plan_pieces(chunk_ids: Sequence[int], bytes_per_chunk: int, piece_bytes: int = PIECE_BYTES) -> list[tuple[int, int]]:
+def plan_pieces(
+    chunk_ids: Sequence[int], bytes_per_chunk: int, piece_bytes: int = PIECE_BYTES
+) -> list[tuple[int, int]]:
     """Byte ranges ``(start, stop)`` of the flat region holding ``chunk_ids`` in
     order: consecutive chunks coalesced, runs cut at ``piece_bytes``."""
     if piece_bytes <= 0:
@@ -73,7 +75,9 @@ def piece_ends(plan: Sequence[tuple[int, int]]) -> list[int]:
     return ends
 
 
-def copy_block(pieces: Sequence[np.ndarray], ends: Sequence[int], index: int, block_bytes: int, dst: np.ndarray) -> None:
+def copy_block(
+    pieces: Sequence[np.ndarray], ends: Sequence[int], index: int, block_bytes: int, dst: np.ndarray
+) -> None:
     """Copy block ``index`` of a pack (its ``pieces`` and ``ends``) into ``dst``
     (a 1-D uint8 array of ``block_bytes``)."""
     start = index * block_bytes

@@ -27,17 +27,17 @@ from typing import Any
 
 import ray
 
+from raykv.actor_tier import ActorCallTier
 from raykv.cluster import RaykvServices
 from raykv.config import namespace_option, opt
 from raykv.contract import ReqContext, TransferJob
-from raykv.placement import PLASMA, HolderInfo
 from raykv.errors import RaykvError
-from raykv.keys import OffloadKey
-from raykv.primary import RegionHandle, describe_region
 from raykv.identity import KVIdentity
-from raykv.tenants import tenant_of, tenant_quotas_option
-from raykv.actor_tier import ActorCallTier
+from raykv.keys import OffloadKey
+from raykv.placement import PLASMA, HolderInfo
 from raykv.polling import ActorLiveness
+from raykv.primary import RegionHandle, describe_region
+from raykv.tenants import tenant_of, tenant_quotas_option
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
 
@@ -125,10 +125,14 @@ class ObjectStoreTier(ActorCallTier):
 
     # -- services ------------------------------------------------------------
     @classmethod
-    def ensure_actor(cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0) -> Any:
+    def ensure_actor(
+        cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0
+    ) -> Any:
         """Start (or find) ``node_id``'s object store actor and wait until it is ready."""
         actor = start_actor(node_id, services.namespace, options.actor_settings())
-        cls.start_holder_actor(actor, f"object_store tier: the actor of node {node_id}", options.capacity_bytes, timeout)
+        cls.start_holder_actor(
+            actor, f"object_store tier: the actor of node {node_id}", options.capacity_bytes, timeout
+        )
         return actor
 
     @classmethod
@@ -149,11 +153,18 @@ class ObjectStoreTier(ActorCallTier):
 
     def submit_store(self, job: TransferJob) -> None:
         tenant = tenant_of(job.req_context)
-        self.send_job("store", job, lambda keys, chunks: self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant))
+        self.send_job(
+            "store", job, lambda keys, chunks: self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant)
+        )
 
     def submit_load(self, job: TransferJob) -> None:
-        self.send_job("load", job, lambda keys, chunks: self.actor.load.remote(
-            job.job_id, self.region, keys, chunks, self._sources(keys), self.load_deadline()))
+        self.send_job(
+            "load",
+            job,
+            lambda keys, chunks: self.actor.load.remote(
+                job.job_id, self.region, keys, chunks, self._sources(keys), self.load_deadline()
+            ),
+        )
 
     def _sources(self, keys: list[bytes]) -> dict[str, list[int]]:
         """Per other node's actor, the positions of keys whose lookup answer

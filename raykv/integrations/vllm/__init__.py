@@ -55,13 +55,11 @@ def require_vllm() -> None:
     except ImportError as e:
         version = getattr(vllm, "__version__", "unknown")
         raise ImportError(
-            f"vLLM {version} is too old for raykv (no tiered offloading worker API): "
-            f"{_INSTALL_HINT}"
+            f"vLLM {version} is too old for raykv (no tiered offloading worker API): {_INSTALL_HINT}"
         ) from e
     if not hasattr(OffloadingWorker, "submit_store"):
         raise ImportError(
-            f"vLLM {vllm.__version__} is too old for raykv (no "
-            f"OffloadingWorker.submit_store): {_INSTALL_HINT}"
+            f"vLLM {vllm.__version__} is too old for raykv (no OffloadingWorker.submit_store): {_INSTALL_HINT}"
         )
 
 

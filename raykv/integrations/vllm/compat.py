@@ -50,7 +50,10 @@ HAS_OFF_THREAD_POLLING = hasattr(SecondaryTierManager, "tolerates_off_thread_pol
 
 
 def init_tier_manager(
-    tier: SecondaryTierManager, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
+    tier: SecondaryTierManager,
+    offloading_spec: Any,
+    primary_kv_view: memoryview,
+    tier_type: str,
     backpressure_detector: Any,
 ) -> None:
     """``SecondaryTierManager.__init__`` with the arguments this release takes."""

@@ -71,9 +71,7 @@ def plan_group_pages(
         chunks = chunk_ids[c_off : c_off + n_chunks][logical // blocks_per_chunk]
         pages.append(
             PageIndex(
-                engine_blocks=torch.from_numpy(
-                    engine_ids[e_off : e_off + size].astype(np.int64)
-                ),
+                engine_blocks=torch.from_numpy(engine_ids[e_off : e_off + size].astype(np.int64)),
                 chunks=torch.from_numpy(chunks.astype(np.int64)),
                 sub_blocks=torch.from_numpy(logical % blocks_per_chunk),
             )
@@ -82,8 +80,7 @@ def plan_group_pages(
         c_off += n_chunks
     if e_off != len(engine_ids) or c_off != len(chunk_ids):
         raise ValueError(
-            f"transfer spec mismatch: used {e_off}/{len(engine_ids)} engine blocks "
-            f"and {c_off}/{len(chunk_ids)} chunks"
+            f"transfer spec mismatch: used {e_off}/{len(engine_ids)} engine blocks and {c_off}/{len(chunk_ids)} chunks"
         )
     return pages
 
@@ -139,9 +136,7 @@ class SyncCopyOffloadingWorker(OffloadingWorker):
                 primary = self._primary[ref.tensor_idx][:, :, :size]
                 if store:
                     src = engine.index_select(0, idx.engine_blocks.to(engine.device))
-                    primary.index_put_(
-                        (idx.chunks, idx.sub_blocks), src.to(primary.device)
-                    )
+                    primary.index_put_((idx.chunks, idx.sub_blocks), src.to(primary.device))
                 else:
                     src = primary[idx.chunks, idx.sub_blocks]
                     engine.index_copy_(
@@ -160,15 +155,11 @@ class SyncCopyOffloadingWorker(OffloadingWorker):
         )
         return True
 
-    def submit_store(
-        self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec
-    ) -> bool:
+    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         """Engine -> primary, done before returning."""
         return self._transfer(job_id, src_spec, dst_spec, store=True)
 
-    def submit_load(
-        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec
-    ) -> bool:
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
         """Primary -> engine, done before returning."""
         return self._transfer(job_id, dst_spec, src_spec, store=False)
 

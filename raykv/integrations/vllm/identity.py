@@ -161,4 +161,3 @@ def _write_cache(cache: dict[str, str]) -> None:
         os.replace(tmp, _CACHE_FILE)
     except OSError as e:  # a cache only: the next start hashes again
         logger.debug("cannot write %s: %r", _CACHE_FILE, e)
-

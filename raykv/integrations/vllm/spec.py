@@ -38,7 +38,9 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        check_primary_fits(self.extra_config.get("cpu_bytes_to_use"), self.kv_bytes_per_chunk, compat.spec_num_chunks(self))
+        check_primary_fits(
+            self.extra_config.get("cpu_bytes_to_use"), self.kv_bytes_per_chunk, compat.spec_num_chunks(self)
+        )
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:

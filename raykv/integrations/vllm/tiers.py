@@ -62,8 +62,10 @@ logger = logging.getLogger(__name__)
 
 
 _LOOKUP = {r.name: LookupResult[r.name] for r in contract.LookupResult}
-_POLICY = {contract.OffloadPolicy.CHUNK_LEVEL: compat.CHUNK_LEVEL,
-           contract.OffloadPolicy.REQUEST_LEVEL: OffloadPolicy.REQUEST_LEVEL}
+_POLICY = {
+    contract.OffloadPolicy.CHUNK_LEVEL: compat.CHUNK_LEVEL,
+    contract.OffloadPolicy.REQUEST_LEVEL: OffloadPolicy.REQUEST_LEVEL,
+}
 #: Adapter options (not the raykv tier's); the kv_connector_extra_config
 #: keys ``raykv_<name>`` give engine-wide defaults.
 _IDENTITY_OPTIONS = ("model_revision", "weights_fingerprint")
@@ -155,7 +157,11 @@ class RaykvTier(SecondaryTierManager):
         self._locality = Locality.LOCAL
         logger.info(
             "raykv %s tier attached to vLLM %s (%s), identity %s [%s]",
-            raykv_type, compat.version(), tier_type, self.identity.label(), self.identity.tag_hex,
+            raykv_type,
+            compat.version(),
+            tier_type,
+            self.identity.label(),
+            self.identity.tag_hex,
         )
 
     # -- contract ------------------------------------------------------------
@@ -204,7 +210,10 @@ class RaykvTier(SecondaryTierManager):
         holding (vLLM publishes them to its KV-event consumers)."""
         return [
             OffloadingEvent(
-                keys=list(e.keys), medium=self.medium, removed=e.removed, locality=self._locality,
+                keys=list(e.keys),
+                medium=self.medium,
+                removed=e.removed,
+                locality=self._locality,
                 ownership=self.tier_type,
             )
             for e in self.raykv_tier.take_events()

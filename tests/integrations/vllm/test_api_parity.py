@@ -53,13 +53,21 @@ def test_adapter_implements_every_tier_method_of_this_vllm() -> None:
     abstract = set(getattr(vtier.SecondaryTierManager, "__abstractmethods__", ()))
     assert abstract and not (set(RaykvTier.__abstractmethods__) if hasattr(RaykvTier, "__abstractmethods__") else set())
     public = {
-        n for n, v in vars(vtier.SecondaryTierManager).items()
+        n
+        for n, v in vars(vtier.SecondaryTierManager).items()
         if callable(v) and not n.startswith("_") and n not in ("serve_external_requests",)
     }
     overridden = {n for n in public if n in vars(RaykvTier)}
     # what raykv must answer itself (the rest are vLLM's no-op defaults it has no use for)
-    needed = abstract | {"take_events", "get_stats", "touch", "on_request_finished", "on_schedule_end", "shutdown",
-                         "has_pending_work"}
+    needed = abstract | {
+        "take_events",
+        "get_stats",
+        "touch",
+        "on_request_finished",
+        "on_schedule_end",
+        "shutdown",
+        "has_pending_work",
+    }
     assert needed & public <= overridden, sorted((needed & public) - overridden)
     # each override takes what vLLM passes
     for name in overridden:
@@ -85,17 +93,30 @@ def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
     with PrimaryRegion(8, 4096) as region:
         region.array[0] = 7
         tier = RaykvExampleTier(
-            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvExampleTier",
-            backpressure_detector=None, identity=IDENTITY,
+            offloading_spec=None,
+            primary_kv_view=region.view,
+            tier_type="RaykvExampleTier",
+            backpressure_detector=None,
+            identity=IDENTITY,
         )
         ctx = vbase.ReqContext(req_id="r1", kv_transfer_params={"tenant": "a"})
         assert tier.on_new_request(ctx).policy is compat.CHUNK_LEVEL
         key = b"k" * 32 + (0).to_bytes(4, "big")
         assert tier.lookup(key, ctx) is vbase.LookupResult.MISS
-        tier.submit_store(compat.make_job(job_id=1, keys=[key], chunk_ids=np.array([0], np.int32),
-                                          is_promotion=False, req_context=ctx))
-        tier.submit_load(compat.make_job(job_id=2, keys=[b"missing" * 4 + bytes(4)],
-                                         chunk_ids=np.array([1], np.int32), is_promotion=True, req_context=ctx))
+        tier.submit_store(
+            compat.make_job(
+                job_id=1, keys=[key], chunk_ids=np.array([0], np.int32), is_promotion=False, req_context=ctx
+            )
+        )
+        tier.submit_load(
+            compat.make_job(
+                job_id=2,
+                keys=[b"missing" * 4 + bytes(4)],
+                chunk_ids=np.array([1], np.int32),
+                is_promotion=True,
+                req_context=ctx,
+            )
+        )
         results: dict[int, object] = {}
         deadline = time.monotonic() + 10
         while len(results) < 2 and time.monotonic() < deadline:
@@ -104,8 +125,9 @@ def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
         assert type(results[1]) is vtier.JobResult
         assert results[1].success and not results[2].success
         assert tier.lookup(key, ctx) is vbase.LookupResult.HIT
-        tier.submit_load(compat.make_job(job_id=3, keys=[key], chunk_ids=np.array([5], np.int32),
-                                         is_promotion=True, req_context=ctx))
+        tier.submit_load(
+            compat.make_job(job_id=3, keys=[key], chunk_ids=np.array([5], np.int32), is_promotion=True, req_context=ctx)
+        )
         tier.drain_jobs()
         (done,) = tier.get_finished_jobs()
         assert done.job_id == 3 and done.success
@@ -113,7 +135,9 @@ def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
 
         # the same key under another identity is another block
         other = RaykvExampleTier(
-            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvExampleTier",
+            offloading_spec=None,
+            primary_kv_view=region.view,
+            tier_type="RaykvExampleTier",
             identity={**IDENTITY, "revision": "r2"},
         )
         assert other.identity.tag != tier.identity.tag
@@ -135,8 +159,13 @@ def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local
     with PrimaryRegion(16, block) as region:
         region.array[:] = 1
         tier = RaykvObjectStoreTier(
-            offloading_spec=None, primary_kv_view=region.view, tier_type="RaykvObjectStoreTier",
-            identity=IDENTITY, kv_events=True, namespace=ns, capacity_bytes=10 * block,
+            offloading_spec=None,
+            primary_kv_view=region.view,
+            tier_type="RaykvObjectStoreTier",
+            identity=IDENTITY,
+            kv_events=True,
+            namespace=ns,
+            capacity_bytes=10 * block,
         )
         ctx = vbase.ReqContext(req_id="events")
         held: set[bytes] = set()
@@ -152,8 +181,15 @@ def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local
         keys = prefix_keys(list(range(16 * 24)), 16)  # 24 blocks; the tier keeps 10
         for job_id, start in enumerate(range(0, 24, 4)):
             batch = keys[start : start + 4]
-            tier.submit_store(compat.make_job(job_id=job_id, keys=batch, chunk_ids=np.arange(4, dtype=np.int32),
-                                              is_promotion=False, req_context=ctx))
+            tier.submit_store(
+                compat.make_job(
+                    job_id=job_id,
+                    keys=batch,
+                    chunk_ids=np.arange(4, dtype=np.int32),
+                    is_promotion=False,
+                    req_context=ctx,
+                )
+            )
             deadline = time.monotonic() + 30
             done: list = []
             while not done and time.monotonic() < deadline:
@@ -185,7 +221,9 @@ def _spec(model: str, **over):
         model=NS(name=model, dtype=over.pop("dtype", "bfloat16")),
         cache=NS(tokens_per_hash=128, blocks_per_chunk=1),
         groups=(NS(tokens_per_block=128, layer_names=("l0", "l1")),),
-        parallel=parallel, replicated_layout=False, canonical_layout=False,
+        parallel=parallel,
+        replicated_layout=False,
+        canonical_layout=False,
     )
     return NS(config=config, extra_config={})
 
@@ -233,8 +271,9 @@ def test_identity_options_reach_the_engine_config() -> None:
     from raykv.integrations.vllm import raykv_kv_transfer_config
     from raykv.validate import ArgumentError
 
-    kv = raykv_kv_transfer_config({"tiers": [{"type": "object_store"}]}, model_revision="r7",
-                                  weights_fingerprint="none")
+    kv = raykv_kv_transfer_config(
+        {"tiers": [{"type": "object_store"}]}, model_revision="r7", weights_fingerprint="none"
+    )
     extra = kv["kv_connector_extra_config"]
     assert extra["raykv_model_revision"] == "r7" and extra["raykv_weights_fingerprint"] == "none"
     with pytest.raises(ArgumentError, match="weights_fingerprint"):

@@ -67,10 +67,7 @@ def test_rejects_bad_input(args: list, kwargs: dict, match: str) -> None:
 
 
 def test_package_import_does_not_import_vllm() -> None:
-    code = (
-        "import sys, raykv.integrations.vllm as m; m.kv_transfer_config(); "
-        "assert 'vllm' not in sys.modules"
-    )
+    code = "import sys, raykv.integrations.vllm as m; m.kv_transfer_config(); assert 'vllm' not in sys.modules"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -95,18 +92,30 @@ def test_raykv_config_becomes_adapter_entries() -> None:
     from raykv.integrations.vllm import raykv_kv_transfer_config
 
     cfg = raykv_kv_transfer_config(
-        {"namespace": "ns1", "tiers": [{"type": "object_store", "capacity_bytes": 1 << 30},
-                                        {"type": "fs", "root": "/mnt/kv"}]},
+        {
+            "namespace": "ns1",
+            "tiers": [{"type": "object_store", "capacity_bytes": 1 << 30}, {"type": "fs", "root": "/mnt/kv"}],
+        },
         cpu_bytes=1 << 30,
         vllm_tiers=[{"type": "fs", "root_dir": "/mnt/vllm"}],
         ray_address="10.0.0.1:6379",
     )
     tiers = cfg["kv_connector_extra_config"]["secondary_tiers"]
     assert tiers == [
-        {"type": "RaykvObjectStoreTier", "module_path": "raykv.integrations.vllm.tiers",
-         "capacity_bytes": 1 << 30, "namespace": "ns1", "ray_address": "10.0.0.1:6379"},
-        {"type": "RaykvFsTier", "module_path": "raykv.integrations.vllm.tiers",
-         "root": "/mnt/kv", "namespace": "ns1", "ray_address": "10.0.0.1:6379"},
+        {
+            "type": "RaykvObjectStoreTier",
+            "module_path": "raykv.integrations.vllm.tiers",
+            "capacity_bytes": 1 << 30,
+            "namespace": "ns1",
+            "ray_address": "10.0.0.1:6379",
+        },
+        {
+            "type": "RaykvFsTier",
+            "module_path": "raykv.integrations.vllm.tiers",
+            "root": "/mnt/kv",
+            "namespace": "ns1",
+            "ray_address": "10.0.0.1:6379",
+        },
         {"type": "fs", "root_dir": "/mnt/vllm"},  # vLLM's own tier, as given
     ]
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.root"):

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from raykv.integrations.vllm import kv_transfer_config
 from raykv.demo.tiny_model import make_prompt_tokens
+from raykv.integrations.vllm import kv_transfer_config
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,4 @@ def test_evicted_prompt_is_served_from_offload(offload_llm) -> None:
     print(f"[{kind}] max |logprob diff| over top-5: {diff:g}")
     # Loaded KV is bit-identical to what the cold prefill wrote, and the CPU
     # attention kernels give the same logits either way: exact equality.
-    assert {t: lp.logprob for t, lp in cold_lp.items()} == {
-        t: lp.logprob for t, lp in warm_lp.items()
-    }
+    assert {t: lp.logprob for t, lp in cold_lp.items()} == {t: lp.logprob for t, lp in warm_lp.items()}

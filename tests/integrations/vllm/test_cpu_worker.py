@@ -37,10 +37,7 @@ ROW = sum(PAGES) * BPC  # 12 KiB: page aligned
 @pytest.fixture
 def rig() -> Iterator[tuple[SyncCopyOffloadingWorker, list[torch.Tensor], np.ndarray]]:
     gen = torch.Generator().manual_seed(0)
-    engine = [
-        torch.randint(-128, 128, (NUM_BLOCKS, p), dtype=torch.int8, generator=gen)
-        for p in PAGES
-    ]
+    engine = [torch.randint(-128, 128, (NUM_BLOCKS, p), dtype=torch.int8, generator=gen) for p in PAGES]
     # Two KV groups (as with hybrid models): group 0 -> tensor 0, group 1 -> tensor 1.
     kv = CanonicalKVCaches(
         tensors=[CanonicalKVCacheTensor(t, p) for t, p in zip(engine, PAGES)],
@@ -71,9 +68,7 @@ def test_plan_matches_vllm_pointer_math() -> None:
     engine_spec, chunk_spec = _specs()
     pages = plan_group_pages(engine_spec, chunk_spec, BPC)
     # Tensor 0's region view, shaped like the one vLLM's CUDA worker indexes.
-    cpu = torch.zeros(NUM_CHUNKS * ROW, dtype=torch.int8).as_strided(
-        (NUM_CHUNKS, PAGES[0] * BPC), (ROW, 1)
-    )
+    cpu = torch.zeros(NUM_CHUNKS * ROW, dtype=torch.int8).as_strided((NUM_CHUNKS, PAGES[0] * BPC), (ROW, 1))
     c_off = 0
     for g, (size, first) in enumerate(zip(engine_spec.group_sizes, engine_spec.block_indices)):
         skip = first % BPC

@@ -11,9 +11,9 @@ import pytest
 import ray
 
 from raykv import naming
-from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.demo.replicas import start_replica
 from raykv.demo.tiny_model import make_prompt_tokens
+from raykv.integrations.vllm import raykv_kv_transfer_config
 
 pytestmark = pytest.mark.slow
 

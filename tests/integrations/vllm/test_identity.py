@@ -20,9 +20,9 @@ import pytest
 import ray
 
 from raykv import naming
-from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.demo.replicas import start_replica
 from raykv.demo.tiny_model import make_prompt_tokens, reseed_weights
+from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.status import collect_status
 
 pytestmark = pytest.mark.slow
@@ -67,8 +67,10 @@ def cluster(two_node_raykv, tiny_model, tmp_path_factory) -> dict[str, Any]:
     root = str(tmp_path_factory.mktemp("identity-fs") / "kv")
     _FS_ROOT[:] = [root]
     cfg = raykv_kv_transfer_config(
-        {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB},
-                                           {"type": "fs", "root": root}]},
+        {
+            "namespace": NAMESPACE,
+            "tiers": [{"type": "object_store", "capacity_bytes": 64 * MIB}, {"type": "fs", "root": root}],
+        },
         cpu_bytes=64 * (128 << 10),
     )
     return {"services": services, "nodes": nodes, "model_a": model_a, "model_b": model_b, "cfg": cfg}
@@ -93,7 +95,9 @@ def test_models_with_equal_shapes_never_share_blocks(cluster) -> None:
         # B sees the same block hashes, in the same namespace: never A's KV.
         on_b1 = ray.get(b1.generate.remote(prompt))
         assert on_b1["cached_tokens"] == 0, "model B was served model A's KV"
-        assert on_b1["top_logprobs"] != on_a1["top_logprobs"], "the two models must differ for this test to mean anything"
+        assert on_b1["top_logprobs"] != on_a1["top_logprobs"], (
+            "the two models must differ for this test to mean anything"
+        )
         # ...and A never gets B's KV for a prompt B computed first.
         other = make_prompt_tokens(PROMPT_LEN, 12)
         on_b1_other = ray.get(b1.generate.remote(other))
@@ -139,8 +143,10 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
         before = ray.get(old.generate.remote(prompt))
         assert before["cached_tokens"] == 0
         _wait_for(
-            lambda: any(i["model"] == model and i["blocks"] >= CACHEABLE // 128
-                        for i in collect_status(services, metrics=False)["identities"]),
+            lambda: any(
+                i["model"] == model and i["blocks"] >= CACHEABLE // 128
+                for i in collect_status(services, metrics=False)["identities"]
+            ),
             what="the old weights' blocks",
         )
     finally:
@@ -167,9 +173,21 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
     assert doomed and kept
     assert all(services.directory.lookup(doomed, timeout=30))
     out = subprocess.run(
-        [sys.executable, "-m", "raykv.cli", "invalidate", "--model", model, "--namespace", NAMESPACE,
-         "--address", ray.get_runtime_context().gcs_address],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "raykv.cli",
+            "invalidate",
+            "--model",
+            model,
+            "--namespace",
+            NAMESPACE,
+            "--address",
+            ray.get_runtime_context().gcs_address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert f"{len(doomed)} blocks dropped" in out.stdout, out.stdout

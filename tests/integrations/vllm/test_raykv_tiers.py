@@ -12,15 +12,14 @@ import gc
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
 
 from raykv import naming
-from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.demo.tiny_model import make_prompt_tokens
+from raykv.integrations.vllm import raykv_kv_transfer_config
 
 pytestmark = pytest.mark.slow
 
@@ -129,13 +128,19 @@ def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
     # per-tier chunk hits, and the vllm:raykv_* series raykv reports through
     # get_stats (declared by build_metric_definitions)
     series = [(m.name, dict(m.labels), m.value) for m in llm.get_metrics() if hasattr(m, "value")]
-    tier_hits = [v for n, labels, v in series if n.startswith("vllm:kv_offload_tiering_") and n.endswith("_hits")
-                 and "raykv" in labels.get("tier", "").lower()]
+    tier_hits = [
+        v
+        for n, labels, v in series
+        if n.startswith("vllm:kv_offload_tiering_")
+        and n.endswith("_hits")
+        and "raykv" in labels.get("tier", "").lower()
+    ]
     assert tier_hits and sum(tier_hits) >= CACHEABLE // 128, [s for s in series if "tiering" in s[0]]
     raykv_hits = [v for n, _, v in series if n == "vllm:raykv_lookup_hits"]
     raykv_loaded = [v for n, _, v in series if n == "vllm:raykv_blocks_loaded"]
     assert sum(raykv_hits) >= CACHEABLE // 128 and sum(raykv_loaded) >= CACHEABLE // 128, [
-        s for s in series if "raykv" in s[0]]
+        s for s in series if "raykv" in s[0]
+    ]
     cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
     assert list(cold_lp) == list(warm_lp)
     assert {t: lp.logprob for t, lp in cold_lp.items()} == {t: lp.logprob for t, lp in warm_lp.items()}
@@ -149,13 +154,13 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     if kind != "fs":
         pytest.skip("one tier is enough to show the policy")
     services = raykv.attach(NAMESPACE)
-    version = services.add_rule(
-        {"name": "persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}}
-    )
+    version = services.add_rule({"name": "persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}})
     # The engine process's policy cache long-polls the control actor: it has
     # the rule once its long poll waits at the new version.
-    _wait_for(lambda: max(ray.get(services.control.rules_readers.remote()), default=-1) >= version,
-              what="the engine's policy cache to hold the rule")
+    _wait_for(
+        lambda: max(ray.get(services.control.rules_readers.remote()), default=-1) >= version,
+        what="the engine's policy cache to hold the rule",
+    )
     prefix = make_prompt_tokens(PROMPT_LEN, 40)
     held = set(ray.get(actor.keys.remote()))
     _generate(llm, prefix)
@@ -171,8 +176,10 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     assert plain.num_cached_tokens == CACHEABLE  # a prefix hit in the engine
     # Its 2 new full blocks land in the tier in the job that would also carry
     # the prefix's blocks at REQUEST_LEVEL.
-    _wait_for(lambda: len(set(ray.get(actor.keys.remote())) - before - prefix_keys) >= 2,
-              what="the cascade of the request's new blocks")
+    _wait_for(
+        lambda: len(set(ray.get(actor.keys.remote())) - before - prefix_keys) >= 2,
+        what="the cascade of the request's new blocks",
+    )
     assert held_prefix() == 0, "CHUNK_LEVEL re-stored prefix-hit blocks"
 
     persisted, _ = _generate(llm, prefix + make_prompt_tokens(200, 42), {"kv_transfer_params": {"persist": True}})
@@ -185,11 +192,22 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
 #: kv_transfer_params a client may send (vLLM itself needs a dict when the value is truthy):
 #: falsy values, nested values, wrong types for the keys raykv and vLLM read.
 ODD_KV_TRANSFER_PARAMS: list[Any] = [
-    None, {}, [], 0, "", False,
-    {"persist": None}, {"persist": "yes"}, {"persist": [True, {"a": None}]},
-    {"persist": {"a": {"b": [1, 2.5, None]}}}, {"persist": float("nan")},
-    {"tenant": 7}, {"tenant": {"x": [1]}}, {"tenant": ""},
-    {"max_load_tokens": "all", "kv_load_tiers": "fs"}, {"": {"": []}},
+    None,
+    {},
+    [],
+    0,
+    "",
+    False,
+    {"persist": None},
+    {"persist": "yes"},
+    {"persist": [True, {"a": None}]},
+    {"persist": {"a": {"b": [1, 2.5, None]}}},
+    {"persist": float("nan")},
+    {"tenant": 7},
+    {"tenant": {"x": [1]}},
+    {"tenant": ""},
+    {"max_load_tokens": "all", "kv_load_tiers": "fs"},
+    {"": {"": []}},
     {"persist": True, "tenant": ["a"]},  # matches the REQUEST_LEVEL rule; an odd tenant
 ]
 

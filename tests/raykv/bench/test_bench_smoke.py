@@ -48,7 +48,10 @@ def _bench(*args: str, timeout: float = 240) -> dict:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "raykv.cli", "bench", *args, "--json", "--no-progress"],
-        capture_output=True, text=True, timeout=timeout, env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
@@ -70,12 +73,20 @@ def test_dataplane_quick_json(tmp_path) -> None:
     for label, d in out["block_sizes"].items():
         missing = [k for k in DATAPLANE_KEYS if k not in d]
         assert not missing, f"{label}: {missing}"
-        for k in ("memcpy_gbps", "object_store_load_gbps", "fs_load_gbps", "raw_file_read_gbps", "cross_node_load_gbps"):
+        for k in (
+            "memcpy_gbps",
+            "object_store_load_gbps",
+            "fs_load_gbps",
+            "raw_file_read_gbps",
+            "cross_node_load_gbps",
+        ):
             assert d[k] is not None and d[k] > 0, (label, k, d[k])
         assert not d["failures"], d["failures"]
         assert set(d["by_batch"]) == {"1", "8"}
     assert {t["target"].split(" (")[0] for t in out["targets"]} >= {
-        "object_store load / memcpy", "fs store / raw file write", "fs load / vLLM fs load",
+        "object_store load / memcpy",
+        "fs store / raw file write",
+        "fs load / vLLM fs load",
     }
     for t in out["targets"]:  # each verdict agrees with its own figures (no timing is asserted)
         _check_verdict(t)

@@ -10,8 +10,13 @@ from raykv.demo.run import demo, format_report
 pytestmark = pytest.mark.slow
 
 KEYS = {
-    "replicas", "requests", "baseline_hit_tokens", "raykv_hit_tokens",
-    "baseline_ttft_p50_ms", "raykv_ttft_p50_ms", "outputs_match",
+    "replicas",
+    "requests",
+    "baseline_hit_tokens",
+    "raykv_hit_tokens",
+    "baseline_ttft_p50_ms",
+    "raykv_ttft_p50_ms",
+    "outputs_match",
 }
 
 

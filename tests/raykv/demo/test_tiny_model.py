@@ -46,9 +46,7 @@ def test_loads_with_transformers(tiny: str) -> None:
     assert tuple(k_proj.shape) == (2 * 64, 256)
 
 
-def test_build_is_deterministic_and_cached(
-    tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_build_is_deterministic_and_cached(tiny: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAYKV_CACHE_DIR", str(tmp_path))
     again = build_tiny_model()  # default path honours RAYKV_CACHE_DIR
     assert again == str(tmp_path / MODEL_NAME)

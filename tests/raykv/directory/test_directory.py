@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import ray
 
-from raykv.placement import PLASMA, SHARED, HolderInfo
-from raykv.keys import prefix_keys
 from raykv.holder_actor import WatchableActor
+from raykv.keys import prefix_keys
+from raykv.placement import PLASMA, SHARED, HolderInfo
 
 
 @ray.remote(num_cpus=0)

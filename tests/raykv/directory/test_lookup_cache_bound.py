@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 
 import raykv
 from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
-from raykv.tier_driver import TierDriver
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 CAP = 20_000
 DISTINCT = 1_000_000

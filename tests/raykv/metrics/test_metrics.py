@@ -10,13 +10,13 @@ import ray
 
 import raykv
 from raykv import metrics
-from raykv.jobs import MeteredJobTracker
-from raykv.metrics import recorders, scrape
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
+from raykv.jobs import MeteredJobTracker
 from raykv.keys import prefix_keys
+from raykv.metrics import recorders, scrape
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 BLOCK = 64 * 1024
 NS = "raykv-metrics-test"
@@ -129,13 +129,27 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
     assert node["MetricsExportPort"]
 
     nonzero_by_tier = [
-        "ray_raykv_lookups_total", "ray_raykv_lookup_hits_total", "ray_raykv_lookup_misses_total",
-        "ray_raykv_blocks_stored_total", "ray_raykv_blocks_loaded_total", "ray_raykv_bytes_stored_total",
-        "ray_raykv_bytes_loaded_total", "ray_raykv_jobs_finished_total", "ray_raykv_jobs_failed_total",
-        "ray_raykv_job_latency_seconds_count", "ray_raykv_tier_blocks", "ray_raykv_tier_bytes",
-        "ray_raykv_tier_capacity_bytes", "ray_raykv_tier_stored_blocks_total", "ray_raykv_tier_evicted_blocks_total",
+        "ray_raykv_lookups_total",
+        "ray_raykv_lookup_hits_total",
+        "ray_raykv_lookup_misses_total",
+        "ray_raykv_blocks_stored_total",
+        "ray_raykv_blocks_loaded_total",
+        "ray_raykv_bytes_stored_total",
+        "ray_raykv_bytes_loaded_total",
+        "ray_raykv_jobs_finished_total",
+        "ray_raykv_jobs_failed_total",
+        "ray_raykv_job_latency_seconds_count",
+        "ray_raykv_tier_blocks",
+        "ray_raykv_tier_bytes",
+        "ray_raykv_tier_capacity_bytes",
+        "ray_raykv_tier_stored_blocks_total",
+        "ray_raykv_tier_evicted_blocks_total",
     ]
-    nonzero = ["ray_raykv_directory_keys", "ray_raykv_directory_lookup_keys_total", "ray_raykv_directory_invalidations_total"]
+    nonzero = [
+        "ray_raykv_directory_keys",
+        "ray_raykv_directory_lookup_keys_total",
+        "ray_raykv_directory_invalidations_total",
+    ]
 
     def missing(series) -> list[str]:
         out = []
@@ -157,7 +171,9 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
     assert not left, left
     # Occupancy per tier and node: the object store tier is at its capacity after evictions.
     used = scrape.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_bytes", "node")
-    cap = scrape.sum_series([s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_capacity_bytes", "node")
+    cap = scrape.sum_series(
+        [s for s in series if s[1].get("tier") == "object_store"], "ray_raykv_tier_capacity_bytes", "node"
+    )
     assert list(used) == [node["NodeID"]] and 0 < used[node["NodeID"]] <= cap[node["NodeID"]] == 24 * BLOCK
     reasons = scrape.sum_series(series, "ray_raykv_directory_invalidations_total", "reason")
     assert reasons.get("evicted", 0) > 0

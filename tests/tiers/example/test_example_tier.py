@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, OffloadPolicy, ReqContext
 from raykv.factory import TierFactory
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 
 
 def _tier(view, **options):

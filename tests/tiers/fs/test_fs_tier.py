@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import ray
 
-from raykv.identity import scoped_keys
 from raykv import naming
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
+from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
 from tiers.fs import format as fmt
 from tiers.fs.actor import holder_info
 

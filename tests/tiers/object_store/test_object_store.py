@@ -10,13 +10,13 @@ import pytest
 import ray
 
 import raykv
-from raykv.identity import scoped_keys
-from raykv.tier_driver import TierDriver
 from raykv.contract import LookupResult, ReqContext, TransferJob
 from raykv.factory import TierFactory
+from raykv.identity import scoped_keys
 from raykv.keys import prefix_keys
-from raykv.units import fmt_bytes
 from raykv.primary import PrimaryRegion
+from raykv.tier_driver import TierDriver
+from raykv.units import fmt_bytes
 from tiers.object_store import ObjectStoreTier
 
 MiB = 1 << 20

@@ -10,8 +10,8 @@ import numpy as np
 import ray
 
 import raykv
-from raykv.identity import scoped_keys
 from raykv.contract import LookupResult
+from raykv.identity import scoped_keys
 
 BLOCK = 512 * 1024
 NAMESPACE = "raykv-os-2node"
