@@ -24,11 +24,12 @@ storage that outlives it, ``recover``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -43,6 +44,23 @@ from raykv.metrics.recorders import ActorMetrics
 from raykv.placement import HolderInfo
 
 logger = logging.getLogger(__name__)
+
+
+_R = TypeVar("_R")
+
+
+def runs_to_end(method: Callable[..., Coroutine[Any, Any, _R]]) -> Callable[..., Coroutine[Any, Any, _R]]:
+    """An actor method that runs to its end even when its caller dies mid-call.
+
+    Ray cancels a dead caller's tasks; a method that updates the actor's index
+    and the directory in several awaits must not stop between them, or the
+    two would disagree."""
+
+    @functools.wraps(method)
+    async def shielded(self: Any, *args: Any, **kwargs: Any) -> _R:
+        return await asyncio.shield(method(self, *args, **kwargs))
+
+    return shielded
 
 
 async def settle(refs: Iterable[Any], what: str = "directory call") -> int:

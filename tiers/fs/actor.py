@@ -23,7 +23,7 @@ from typing import Any
 import ray
 
 from raykv import naming
-from raykv.holder_actor import HolderActor
+from raykv.holder_actor import HolderActor, runs_to_end
 from raykv.placement import SHARED, HolderInfo
 from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
@@ -177,19 +177,8 @@ class FsRootActor(HolderActor):
             await asyncio.to_thread(self.storage.delete, keys)
 
     # -- API -----------------------------------------------------------------
+    @runs_to_end
     async def commit(
-        self,
-        keys: Sequence[bytes],
-        sizes: Sequence[int],
-        verify: Sequence[bytes] = (),
-        tenants: Sequence[str] | None = None,
-    ) -> dict[str, list[bytes]]:
-        """``_commit``, run to its end even if the calling engine dies mid-call
-        (Ray cancels a dead caller's tasks; the index, the directory and the
-        files must still agree)."""
-        return await asyncio.shield(self._commit(keys, sizes, verify, tenants))
-
-    async def _commit(
         self,
         keys: Sequence[bytes],
         sizes: Sequence[int],
@@ -248,11 +237,8 @@ class FsRootActor(HolderActor):
                 self._index.move_to_end(k)
         self._tenants.touch(keys)
 
+    @runs_to_end
     async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
-        """``_remove``, run to its end even if the caller dies mid-call."""
-        return await asyncio.shield(self._remove(keys, reason))
-
-    async def _remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
         """Forget keys (corrupt or missing files): unregister and delete them.
 
         For ``reason="missing"`` the files are looked up here first and keys

@@ -36,7 +36,7 @@ import numpy as np
 import ray
 
 from raykv import naming, placement
-from raykv.holder_actor import HolderActor, start_on_node
+from raykv.holder_actor import HolderActor, runs_to_end, start_on_node
 from raykv.placement import PLASMA, HolderInfo
 from raykv.primary import MappedRegion, RegionHandle
 from raykv.tenants import DEFAULT_TENANT, fmt_tenants
@@ -213,20 +213,8 @@ class ObjectStoreActor(HolderActor):
         return ok, bad
 
     # -- API -----------------------------------------------------------------
+    @runs_to_end
     async def store(
-        self,
-        job_id: int,
-        region: RegionHandle,
-        keys: Sequence[bytes],
-        chunk_ids: Sequence[int],
-        tenant: str = DEFAULT_TENANT,
-    ) -> dict[str, Any]:
-        """``_store``, run to its end even when the caller dies mid-call: Ray
-        cancels a dead caller's tasks, and a store cancelled between its index
-        and directory updates would leave them disagreeing."""
-        return await asyncio.shield(self._store(job_id, region, keys, chunk_ids, tenant))
-
-    async def _store(
         self,
         job_id: int,
         region: RegionHandle,
