@@ -55,7 +55,7 @@ def validate_keys(keys: Any, name: str = "keys") -> list[bytes]:
     if set(map(type, keys)) <= {bytes}:  # the common case, without a call per key
         lengths = set(map(len, keys))
         if not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES):
-            return list(keys)
+            return keys if type(keys) is list else list(keys)
     out = []
     for i, key in enumerate(keys):
         try:
