@@ -24,6 +24,7 @@ import numpy as np
 
 PLASMA = "plasma"  # node-local Ray object store
 SHARED = "shared"  # shared storage reachable from every node
+ENGINE = "engine"  # an engine's own (accelerator) KV cache: routed to, never loaded from
 
 #: What a directory shard's ``lookup`` answers: per key a holder-set id
 #: (uint32 blob; 0: nobody), the slots of each set id used, and the holders of
@@ -41,21 +42,29 @@ class HolderInfo:
     actor_name: str
     namespace: str
     node_id: str | None = None
+    #: The Ray actor that runs the engine (a Serve replica), for ENGINE holders.
+    owner: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "HolderInfo":
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in _HOLDER_FIELDS})
+
+
+_HOLDER_FIELDS = frozenset(HolderInfo.__dataclass_fields__)
 
 
 def preference(holder: HolderInfo, node_id: str | None) -> int:
-    """Lower is better: same node's plasma, then shared storage, then another node's plasma."""
+    """Lower is better: same node's plasma, then shared storage, then another
+    node's plasma; an engine's own cache last (no tier loads from it)."""
     if holder.medium == PLASMA and holder.node_id == node_id:
         return 0
     if holder.medium == SHARED:
         return 1
+    if holder.medium == ENGINE:
+        return 3
     return 2
 
 

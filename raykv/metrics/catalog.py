@@ -89,6 +89,20 @@ _SPECS = (
     ),
     MetricSpec("raykv_tier_removed_blocks", COUNTER, "blocks dropped as corrupt or missing", ACTOR_TAGS),
     MetricSpec("raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS),
+    # -- request routers (raykv.serve.router), per Serve deployment
+    MetricSpec(
+        "raykv_router_decision_seconds",
+        HISTOGRAM,
+        "time the raykv request router spent choosing a replica (tokenize, hash, directory, rank)",
+        ("deployment",),
+        LATENCY_BOUNDARIES,
+    ),
+    MetricSpec(
+        "raykv_router_prompt_tokens",
+        COUNTER,
+        "prompt tokens of routed requests by where the chosen replica should find them (engine, raykv, recompute)",
+        ("deployment", "source"),
+    ),
     # -- directory shards
     MetricSpec("raykv_directory_keys", GAUGE, "keys known to the directory shard", ("shard",)),
     MetricSpec("raykv_directory_holders", GAUGE, "holders (tier actors) known to the directory shard", ("shard",)),

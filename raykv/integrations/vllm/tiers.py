@@ -55,6 +55,7 @@ from raykv.factory import TierFactory  # noqa: E402
 from raykv.identity import KVIdentity  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
+from raykv.integrations.vllm.kv_events import EngineEventsBridge, connect_endpoint  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
 from raykv.validate import request_params, request_tenant_value  # noqa: E402
 
@@ -131,6 +132,7 @@ class RaykvTier(SecondaryTierManager):
         ident = {name: options.pop(name, extra.get(f"raykv_{name}")) for name in _IDENTITY_OPTIONS}
         explicit = options.pop("identity", None)
         kv_events = options.pop("kv_events", None)
+        engine_cache = options.pop("engine_cache", True)
         ensure_ray(options.pop("ray_address", None) or os.environ.get("RAY_ADDRESS"))
         self.identity: KVIdentity = (
             KVIdentity.from_dict(explicit, f"secondary_tiers[{tier_type}].identity")
@@ -153,6 +155,7 @@ class RaykvTier(SecondaryTierManager):
             kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))
         if kv_events and hasattr(self.raykv_tier, "enable_events"):
             self.raykv_tier.enable_events()
+        self.engine_events = self._forward_engine_events(offloading_spec, engine_cache)
         self._stats = TierStats(tier_type)
         self._locality = Locality.LOCAL
         logger.info(
@@ -163,6 +166,34 @@ class RaykvTier(SecondaryTierManager):
             self.identity.label(),
             self.identity.tag_hex,
         )
+
+    def _forward_engine_events(self, offloading_spec: Any, enabled: Any) -> EngineEventsBridge | None:
+        """With vLLM's KV events on, record this engine's own cache in the
+        directory (``raykv.engine_cache``; for request routers). Where to read
+        them: ``raykv_engine_events`` (``{"endpoint", "topic"}``) in the
+        connector's extra config (``raykv.serve`` writes it), else vLLM's own
+        ``kv_events_config`` when this process has it. One bridge per engine
+        process, whichever tier asks first."""
+        if enabled is not True:
+            if enabled is not False:
+                raise ValueError(f"engine_cache: must be true or false, got {enabled!r}")
+            return None
+        services = getattr(self.raykv_tier, "services", None)
+        if services is None:
+            return None
+        extra = dict(getattr(offloading_spec, "extra_config", None) or {})
+        where = extra.get("raykv_engine_events")
+        if isinstance(where, dict) and where.get("endpoint"):
+            endpoint, topic = str(where["endpoint"]), str(where.get("topic") or "")
+        else:
+            from vllm.config import get_current_vllm_config_or_none
+
+            events_config = getattr(get_current_vllm_config_or_none(), "kv_events_config", None)
+            endpoint = connect_endpoint(events_config)
+            topic = str(getattr(events_config, "topic", "") or "")
+        if not endpoint:
+            return None
+        return EngineEventsBridge.start_for(services.config.namespace, endpoint, topic, self.identity.tag)
 
     # -- contract ------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -229,6 +260,8 @@ class RaykvTier(SecondaryTierManager):
         return self._stats.take(getattr(self.raykv_tier, "metrics", None))
 
     def shutdown(self) -> None:
+        if self.engine_events is not None:
+            self.engine_events.stop()
         self.raykv_tier.shutdown()
 
     @staticmethod

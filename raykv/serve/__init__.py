@@ -21,6 +21,19 @@ from raykv.integrations.vllm import raykv_kv_transfer_config
 
 #: raykv tiers of a Serve LLM app when none are given: each node's object store.
 DEFAULT_TIERS: list[dict[str, Any]] = [{"type": "object_store"}]
+#: ``router`` choices: Serve's default (power of two choices), Ray's prefix-affinity router, raykv's.
+ROUTERS = {
+    "default": None,
+    "prefix_affinity": "ray.serve.llm.request_router.PrefixCacheAffinityRouter",
+    "raykv": "raykv.serve.router.RaykvRequestRouter",
+}
+#: vLLM KV events the raykv router needs: published in-process, read by raykv's tiers.
+RAYKV_KV_EVENTS = {
+    "enable_kv_cache_events": True,
+    "publisher": "zmq",
+    "endpoint": "inproc://raykv-kv-events",
+    "topic": "raykv",
+}
 
 
 def llm_config(
@@ -33,6 +46,9 @@ def llm_config(
     accelerator: str = "auto",
     num_replicas: int = 1,
     env: dict[str, str] | None = None,
+    router: str = "default",
+    router_kwargs: dict[str, Any] | None = None,
+    engine_cache: bool | None = None,
     **llm_config_kwargs: Any,
 ) -> Any:
     """A ``LLMConfig`` for ``model`` with raykv's cluster cache attached.
@@ -47,13 +63,40 @@ def llm_config(
         accelerator: ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when the cluster has one).
         num_replicas: Serve replicas of the deployment.
         env: extra environment variables for the replicas.
+        router: how Serve picks a replica per request: ``default`` (power of
+            two choices), ``prefix_affinity`` (Ray's PrefixCacheAffinityRouter)
+            or ``raykv`` (by the directory: engine caches, raykv tiers, queues;
+            it turns on the engines' KV events).
+        router_kwargs: more options of the router (``request_router_kwargs``).
+        engine_cache: record each engine's own KV cache in raykv's directory
+            (vLLM's KV events; default: with the raykv router).
     """
     from ray.serve.llm import LLMConfig
 
+    if router not in ROUTERS:
+        raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
     raykv_cfg = dict(raykv or {})
     raykv_cfg.setdefault("tiers", DEFAULT_TIERS)
     kwargs = dict(engine_kwargs or {})
-    kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes)
+    events: dict[str, Any] = {}
+    if engine_cache is None:
+        engine_cache = router == "raykv"
+    if not isinstance(engine_cache, bool):
+        raise ValueError(f"engine_cache must be true or false; got {engine_cache!r}")
+    if engine_cache:
+        kwargs.setdefault("kv_events_config", dict(RAYKV_KV_EVENTS))
+        ev = kwargs["kv_events_config"]
+        events["raykv_engine_events"] = {"endpoint": ev.get("endpoint"), "topic": ev.get("topic", "")}
+    kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **events)
+    deployment: dict[str, Any] = {"num_replicas": num_replicas}
+    if ROUTERS[router] is not None:
+        router_options = dict(router_kwargs or {})
+        if router == "raykv":
+            router_options = {"model": model, "namespace": raykv_cfg.get("namespace", "raykv"), **router_options}
+        deployment["request_router_config"] = {
+            "request_router_class": ROUTERS[router],
+            "request_router_kwargs": router_options,
+        }
     env_vars = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"), **(env or {})}
     extra: dict[str, Any] = {}
     if _use_cpu(accelerator):
@@ -64,7 +107,7 @@ def llm_config(
     return LLMConfig(
         model_loading_config={"model_id": model_id or model, "model_source": model},
         engine_kwargs=kwargs,
-        deployment_config={"num_replicas": num_replicas},
+        deployment_config=deployment,
         runtime_env={"env_vars": env_vars},
         **extra,
     )

@@ -1,0 +1,180 @@
+"""An engine's own KV cache, in raykv's directory: vLLM's KV events, forwarded.
+
+vLLM publishes the blocks its KV cache manager stores and removes when
+``kv_events_config`` is on (``enable_kv_cache_events``, publisher ``zmq``).
+``EngineEventsBridge`` subscribes to that publisher from inside the engine
+process (``inproc://`` endpoints work: vLLM binds on ZeroMQ's process-wide
+context) on a thread of its own, folds each step's events, and sends them to
+the engine's ``EngineCacheActor`` in one actor call at a time (events that
+arrive meanwhile wait for the next call). The scheduler thread does nothing
+more than vLLM already does to publish.
+
+The engine's Serve replica (``owner``) comes from ``RAYKV_ENGINE_OWNER``, which
+raykv's vLLM plugin sets in the replica's process before vLLM spawns the engine
+(``raykv.integrations.vllm.plugin``); routers match it with the replica's actor.
+
+Supported: vLLM 0.32 and 0.33 (``vllm.distributed.kv_events``); 0.29's events
+have the same fields this reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import ray
+
+from raykv import engine_cache
+from raykv.integrations.vllm.plugin import OWNER_ENV
+
+logger = logging.getLogger(__name__)
+
+#: Media of the engine's own cache in vLLM's events (offloading tiers report CPU, DISK...).
+ENGINE_MEDIA = (None, "GPU", "gpu")
+
+
+def connect_endpoint(kv_events_config: Any) -> str | None:
+    """Where to subscribe to the engine's KV events (None: not published over ZeroMQ)."""
+    if kv_events_config is None or not getattr(kv_events_config, "enable_kv_cache_events", False):
+        return None
+    if getattr(kv_events_config, "publisher", None) != "zmq":
+        return None
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
+    endpoint = ZmqEventPublisher.offset_endpoint_port(kv_events_config.endpoint, 0)
+    if endpoint and endpoint.startswith("tcp://"):
+        endpoint = endpoint.replace("*", "127.0.0.1").replace("[::]", "[::1]")
+    return endpoint
+
+
+class EngineEventsBridge:
+    """vLLM's KV events of this engine process -> its ``EngineCacheActor``."""
+
+    #: One bridge per (namespace, endpoint) in a process (every raykv tier of the engine asks).
+    _running: dict[tuple[str, str], "EngineEventsBridge"] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def start_for(cls, namespace: str, endpoint: str, topic: str, tag: bytes) -> "EngineEventsBridge":
+        with cls._lock:
+            bridge = cls._running.get((namespace, endpoint))
+            if bridge is None:
+                bridge = cls._running[(namespace, endpoint)] = cls(namespace, endpoint, topic, tag)
+            return bridge
+
+    def __init__(self, namespace: str, endpoint: str, topic: str, tag: bytes) -> None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.namespace = namespace
+        self.endpoint = endpoint
+        self.topic = topic
+        self.tag = tag
+        node_id = ray.get_runtime_context().get_node_id()
+        self.info = engine_cache.holder_info(namespace, node_id, os.environ.get(OWNER_ENV) or None)
+        # Owned by this process (not detached): it dies with the engine, and the
+        # directory, which watches it, drops the engine's blocks at once.
+        self.actor = engine_cache.EngineCacheActor.options(
+            name=self.info.actor_name,
+            namespace=namespace,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
+        ).remote(self.info.to_dict(), namespace)
+        self.batches = 0
+        self.errors = 0
+        self._parent = os.getppid()  # the process that started the engine (a Serve replica)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raykv-kv-events", daemon=True)
+        self._thread.start()
+        self._ready.wait(5.0)  # subscribed (inproc: before vLLM publishes its first step)
+        logger.info(
+            "raykv: engine KV events from %s -> %s (replica %s)", endpoint, self.info.actor_name, self.info.owner
+        )
+
+    # -- the thread ------------------------------------------------------------
+    def _run(self) -> None:
+        import msgspec
+        import zmq
+        from vllm.distributed.kv_events import KVEventBatch
+
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.connect(self.endpoint)
+        self._ready.set()
+        decode = msgspec.msgpack.Decoder(KVEventBatch).decode
+        stored: dict[bytes, None] = {}
+        removed: set[bytes] = set()
+        cleared = False
+        inflight: Any = None
+        try:
+            while not self._stop.is_set():
+                if os.getppid() != self._parent:
+                    # The replica that started this engine died and left it running:
+                    # nobody can route to it any more, so its blocks leave the directory.
+                    logger.warning("raykv: the engine's parent process is gone; dropping its engine-cache entries")
+                    ray.kill(self.actor)
+                    return
+                if sub.poll(20):
+                    while True:
+                        try:
+                            frames = sub.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        try:
+                            batch = decode(frames[-1])
+                        except Exception:  # noqa: BLE001 - a frame we cannot read costs routing accuracy only
+                            self.errors += 1
+                            continue
+                        cleared = self._fold(batch.events, stored, removed) or cleared
+                if inflight is not None:
+                    done, _ = ray.wait([inflight], timeout=0)
+                    if not done:
+                        continue
+                    try:
+                        ray.get(done[0])
+                    except Exception as e:  # noqa: BLE001 - the engine serves on; the directory just lags
+                        self.errors += 1
+                        logger.warning("raykv: engine cache actor call failed: %s", e)
+                    inflight = None
+                if stored or removed or cleared:
+                    inflight = self.actor.apply.remote(list(stored), list(removed), cleared)
+                    self.batches += 1
+                    stored, removed, cleared = {}, set(), False
+        finally:
+            sub.close(0)
+
+    def _fold(self, events: list[Any], stored: dict[bytes, None], removed: set[bytes]) -> bool:
+        """Fold one step's events into the pending sets, in order; True when the cache was cleared."""
+        cleared = False
+        for event in events:
+            kind = type(event).__name__
+            if kind == "AllBlocksCleared":
+                stored.clear()
+                removed.clear()
+                cleared = True
+                continue
+            if getattr(event, "medium", None) not in ENGINE_MEDIA:
+                continue
+            keys = engine_cache.engine_keys(self.tag, event.block_hashes)
+            if kind == "BlockStored":
+                for k in keys:
+                    removed.discard(k)
+                    stored[k] = None
+            elif kind == "BlockRemoved":
+                for k in keys:
+                    stored.pop(k, None)
+                    removed.add(k)
+        return cleared
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop forwarding and drop the engine's entries now (a clean engine shutdown)."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        with self._lock:
+            self._running.pop((self.namespace, self.endpoint), None)
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - Ray already gone at interpreter exit
+            pass

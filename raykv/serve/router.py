@@ -1,0 +1,208 @@
+"""``RaykvRequestRouter``: a Ray Serve request router that routes by raykv's directory.
+
+For each request it tokenizes the prompt once (the model's tokenizer; token-id
+prompts as they are), names the prompt's blocks as vLLM does, asks the
+directory in one batched call which engines hold each leading block in their
+own KV cache and which raykv tiers hold it, and ranks the candidate replicas by
+the prefill they would save, weighed against their queues
+(``raykv.routing``). Serve then sends the request to the least loaded replica
+of the first rank that has room. Anything that goes wrong (no prompt, no
+tokenizer, no engine identity yet, a slow directory) falls back to Serve's
+power-of-two-choices: routing never fails a request.
+
+Turn it on with ``raykv.serve.build_app(..., router="raykv")`` or ``router:
+raykv`` in a Serve YAML: that also turns on the engines' KV events, which
+record each engine's own cache in the directory (``raykv.engine_cache``).
+Supported: Ray 2.60's ``RequestRouter`` API (alpha), vLLM 0.32/0.33 hashing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
+from ray.serve._private.request_router.request_router import LocalityMixin, MultiplexMixin, RequestRouter
+from ray.serve.request_router import PendingRequest, RunningReplica
+
+from raykv.metrics.catalog import record
+from raykv.routing import Candidate, EngineLayout, Match, RankPolicy, block_hashes, match, rank, request_keys
+from raykv.validate import ArgumentError
+
+logger = logging.getLogger(__name__)
+
+#: How often the router re-reads the engines' identities (new models, restarts).
+IDENTITY_REFRESH_S = 10.0
+
+
+def prompt_of(pending_request: PendingRequest | None) -> tuple[Any, str | None]:
+    """(the request's prompt, chat messages or tokens; its ``cache_salt``), or (None, None)."""
+    if pending_request is None:
+        return None, None
+    for arg in list(pending_request.args or ()) + list((pending_request.kwargs or {}).values()):
+        for attr in ("prompt", "messages"):
+            value = arg.get(attr) if isinstance(arg, dict) else getattr(arg, attr, None)
+            if value is not None:
+                salt = arg.get("cache_salt") if isinstance(arg, dict) else getattr(arg, "cache_salt", None)
+                return (value if attr == "prompt" else {"messages": value}), salt
+    return None, None
+
+
+class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    """Routes each request to the replica that would prefill the least, queues considered."""
+
+    def initialize_state(
+        self,
+        model: str | None = None,
+        namespace: str = "raykv",
+        tokenizer: str | None = None,
+        load_weight: float = 0.5,
+        max_load_share: float = 1.5,
+        min_queue_gap: int = 2,
+        lookup_timeout_s: float = 0.2,
+        hash_algo: str = "sha256",
+    ) -> None:
+        """Router options (``request_router_kwargs``); ``build_app(router="raykv")`` fills them."""
+        if not model or not isinstance(model, str):
+            raise ArgumentError("model", "the model's path or hub id is required (its tokenizer and KV identity)")
+        for name, value in (("load_weight", load_weight), ("max_load_share", max_load_share)):
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ArgumentError(name, f"must be a number >= 0, got {value!r}")
+        if not isinstance(lookup_timeout_s, (int, float)) or not 0 < lookup_timeout_s <= 10:
+            raise ArgumentError("lookup_timeout_s", f"must be in (0, 10] seconds, got {lookup_timeout_s!r}")
+        self._model = model
+        self._namespace = namespace
+        self._tokenizer_path = tokenizer or model
+        self._policy = RankPolicy(float(load_weight), float(max_load_share), int(min_queue_gap))
+        self._lookup_timeout_s = float(lookup_timeout_s)
+        self._hash_algo = hash_algo
+        self._services: Any = None
+        self._tokenizer: Any = None
+        self._layouts: list[EngineLayout] = []
+        self._layouts_at = 0.0
+        self._warned: dict[str, float] = {}
+        self._tags = {"deployment": self._deployment_id.name if self._deployment_id else ""}
+        self.decisions = 0
+        self.fallbacks = 0
+
+    # -- Serve's API -----------------------------------------------------------
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        t0 = time.perf_counter()
+        ranks = None
+        try:
+            ranks = await self._rank(candidate_replicas, pending_request)
+        except Exception as e:  # noqa: BLE001 - routing falls back, never fails a request
+            self._warn(type(e).__name__, f"raykv router: falling back to power of two choices: {e!r}")
+        if not ranks:
+            self.fallbacks += 1
+            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
+        self.decisions += 1
+        record("raykv_router_decision_seconds", time.perf_counter() - t0, self._tags)
+        return ranks
+
+    # -- the decision ------------------------------------------------------------
+    async def _rank(
+        self, candidates: list[RunningReplica], pending_request: PendingRequest | None
+    ) -> list[list[RunningReplica]] | None:
+        if len(candidates) < 2:
+            return None
+        prompt, salt = prompt_of(pending_request)
+        if prompt is None:
+            return None
+        tokens = await self._tokens(prompt)
+        layouts = await self._engine_layouts()
+        if not tokens or not layouts:
+            return None
+        keys: list[bytes] = []
+        spans = []
+        for layout in layouts:
+            engine, tier = request_keys(block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo), layout)
+            spans.append((layout, len(keys), len(engine), len(tier)))
+            keys += engine + tier
+        if not keys:  # shorter than a block: only load matters
+            matches = {r: Match() for r in candidates}
+        else:
+            found = await self._services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
+            views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
+            matches = {}
+            for layout, start, n_engine, n_tier in spans:
+                engine_found = found[start : start + n_engine]
+                tier_found = found[start + n_engine : start + n_engine + n_tier]
+                for r, m in match(engine_found, tier_found, layout.blocks_per_chunk, views).items():
+                    if r not in matches or m.saved > matches[r].saved:
+                        matches[r] = m
+        ranks = rank(matches, await self._queue_lens(candidates), self._policy)
+        best = matches[ranks[0][0]]
+        block_tokens = layouts[0].tokens_per_hash
+        for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):
+            record("raykv_router_prompt_tokens", blocks * block_tokens, {**self._tags, "source": source})
+        recompute = max(0, len(tokens) - (best.engine + best.raykv) * block_tokens)
+        record("raykv_router_prompt_tokens", recompute, {**self._tags, "source": "recompute"})
+        return ranks
+
+    async def _queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
+        """Each candidate's ongoing requests: Serve's cached figure, probed where there is none."""
+        out: dict[RunningReplica, int] = {}
+        missing = []
+        cache = getattr(self, "_replica_queue_len_cache", None)
+        for r in candidates:
+            q = cache.get(r.replica_id) if cache is not None else None
+            if q is None:
+                missing.append(r)
+            else:
+                out[r] = int(q)
+        if missing:
+            for r, q in await self._probe_queue_lens(missing, 0):
+                out[r] = int(q) if q is not None else r.max_ongoing_requests
+        return out
+
+    # -- what it needs once (or now and then) --------------------------------------
+    async def _tokens(self, prompt: Any) -> list[int] | None:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]  # a batch: route by its first prompt
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self._tokenizer_path)
+        if isinstance(prompt, str):
+            return list(self._tokenizer.encode(prompt))
+        if isinstance(prompt, dict):
+            messages = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt["messages"]]
+            return list(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        return None
+
+    async def _engine_layouts(self) -> list[EngineLayout]:
+        """The KV identities engines of this model registered (tag, block size): refreshed now and then."""
+        now = time.monotonic()
+        if now - self._layouts_at < (IDENTITY_REFRESH_S if self._layouts else 1.0):
+            return self._layouts
+        self._layouts_at = now
+        if self._services is None:
+            from raykv.cluster import attach
+
+            self._services = await asyncio.to_thread(attach, self._namespace)
+        identities = await self._services.control.identities.remote()
+        self._layouts = [
+            EngineLayout.from_identity(tag, ident)
+            for tag, ident in sorted(identities.items())
+            if ident.get("model") == self._model and int((ident.get("layout") or {}).get("rank", 0)) == 0
+        ]
+        return self._layouts
+
+    def _warn(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(kind, -1e9) >= 10.0:
+            self._warned[kind] = now
+            logger.warning(message)
+
+
+def _actor_hex(replica: RunningReplica) -> str | None:
+    actor_id = getattr(replica, "actor_id", None)
+    return actor_id.hex() if actor_id is not None else None

@@ -1,0 +1,121 @@
+"""A real vLLM engine's own KV cache in raykv's directory, through vLLM's KV events.
+
+The engine publishes its block events in-process (``inproc://``); raykv's tier
+forwards them to the engine's ``EngineCacheActor``. The keys the directory then
+lists are the ones a router computes from the prompt's tokens with vLLM's hash
+functions (``raykv.routing``), and they leave the directory when the engine
+evicts the blocks and when the engine process goes away.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from raykv.demo.tiny_model import make_prompt_tokens
+from raykv.integrations.vllm import raykv_kv_transfer_config
+from raykv.placement import ENGINE
+from raykv.routing import EngineLayout, block_hashes, request_keys
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "raykv-kv-events-test"
+EVENTS = {"endpoint": "inproc://raykv-kv-events-test", "topic": "raykv"}
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_env, tiny_model, raykv_services_ns) -> Iterator[dict[str, Any]]:
+    from vllm import LLM
+
+    kv = raykv_kv_transfer_config(
+        {"namespace": NAMESPACE, "tiers": [{"type": "object_store"}]},
+        cpu_bytes=8 * (128 << 10),
+        raykv_engine_events=EVENTS,
+    )
+    llm = LLM(
+        model=tiny_model,
+        max_model_len=1024,
+        num_gpu_blocks_override=12,
+        enforce_eager=True,
+        gpu_memory_utilization=0.3,
+        kv_transfer_config=kv,
+        kv_events_config={"enable_kv_cache_events": True, "publisher": "zmq", **EVENTS},
+    )
+    yield {"llm": llm, "services": raykv_services_ns, "model": tiny_model}
+    del llm
+    gc.collect()
+
+
+@pytest.fixture(scope="module")
+def raykv_services_ns(ray_local) -> Iterator[Any]:
+    import raykv
+
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    yield services
+    services.shutdown()
+    if old is None:
+        os.environ.pop("RAY_ADDRESS", None)
+    else:
+        os.environ["RAY_ADDRESS"] = old
+
+
+def _generate(llm: Any, tokens: list[int]) -> None:
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": tokens}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+
+
+def _engine_holding(engine: dict[str, Any], tokens: list[int]) -> list[set[str]]:
+    """Per full block of ``tokens``: the engine holders listed for it."""
+    services = engine["services"]
+    ((tag, ident),) = [(t, i) for t, i in services.identities().items() if i.get("model") == engine["model"]]
+    layout = EngineLayout.from_identity(tag, ident)
+    keys, _ = request_keys(block_hashes(tokens, layout.tokens_per_hash), layout)
+    return [{h.holder_id for h in hs if h.medium == ENGINE} for hs in services.directory.lookup(keys)]
+
+
+def _wait(predicate: Any, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_engine_blocks_are_listed_under_the_router_s_keys(engine) -> None:
+    prompt = make_prompt_tokens(5 * 128 + 40, 1)
+    _generate(engine["llm"], prompt)
+    _wait(lambda: all(_engine_holding(engine, prompt)), "the prompt's 5 blocks under the engine's holder")
+    (holders,) = {frozenset(h) for h in _engine_holding(engine, prompt)}
+    assert len(holders) == 1
+    # A prompt the engine never saw is not listed.
+    assert not any(_engine_holding(engine, make_prompt_tokens(3 * 128, 2)))
+
+
+def test_evicted_blocks_leave_the_directory(engine) -> None:
+    prompt = make_prompt_tokens(5 * 128 + 40, 1)
+    # 12 engine blocks: three other 5-block prompts push the first one out.
+    for seed in (3, 4, 5):
+        _generate(engine["llm"], make_prompt_tokens(5 * 128 + 40, seed))
+    _wait(lambda: not any(_engine_holding(engine, prompt)), "the evicted blocks to leave the directory")
+    assert all(_engine_holding(engine, make_prompt_tokens(5 * 128 + 40, 5)))
+
+
+def test_engine_holder_is_an_engine_owned_actor_that_dies_with_it(engine) -> None:
+    services = engine["services"]
+    (holder,) = [h for h in services.holders() if h["medium"] == ENGINE]
+    assert holder["tier_type"] == "engine"
+    actor = ray.get_actor(holder["actor_name"], namespace=NAMESPACE)
+    assert ray.get(actor.stats.remote())["blocks"] > 0
+    prompt = make_prompt_tokens(5 * 128 + 40, 5)
+    # The engine goes away (its process ends): its entries leave at once.
+    engine["llm"].llm_engine.engine_core.shutdown()
+    _wait(lambda: not any(_engine_holding(engine, prompt)), "the dead engine's blocks to leave", timeout_s=10)
+    assert not [h for h in services.holders() if h["medium"] == ENGINE]

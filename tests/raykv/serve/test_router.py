@@ -1,0 +1,256 @@
+"""The raykv request router on a real Ray Serve LLM app (tiny model, CPU vLLM) over a
+two-node ``ray.cluster_utils.Cluster``: follow-up turns go to the replica whose engine
+holds their prefix, an overloaded replica is skipped, a killed replica's engine
+entries leave the directory at once and routing never picks it again, and a replica
+added to the running app gets its first request's prefix from raykv."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+import requests
+from ray.cluster_utils import Cluster
+
+import raykv
+from raykv.demo.tiny_model import make_prompt_tokens
+from raykv.placement import ENGINE
+from raykv.routing import EngineLayout, block_hashes, request_keys
+
+pytestmark = pytest.mark.slow
+
+NAMESPACE = "raykv-router-test"
+MODEL_ID = "tiny"
+URL = "http://127.0.0.1:8000/v1/completions"
+MIB = 1 << 20
+BLOCK = 128
+TURN = 5 * BLOCK  # a session's first turn: 5 full blocks
+
+
+@pytest.fixture(scope="module")
+def routed_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    pytest.importorskip("ray.serve.llm")
+    from ray import serve
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 4,
+            "object_store_memory": 256 * MIB,
+            "include_dashboard": False,
+            "resources": {"llm_slot": 2},
+        },
+    )
+    cluster.add_node(num_cpus=2, object_store_memory=256 * MIB, resources={"llm_slot": 1})
+    ray.init(address=cluster.address, log_to_driver=False)
+    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    root = str(tmp_path_factory.mktemp("router-fs"))
+    app = {
+        "cluster": cluster,
+        "services": services,
+        "root": root,
+        "model": tiny_model,
+        "deploy": lambda n: _deploy(serve, tiny_model, root, n),
+    }
+    t0 = time.perf_counter()
+    app["deploy"](2)
+    _wait_replicas(2)
+    print(f"2 replicas ready in {time.perf_counter() - t0:.0f} s")
+    yield app
+    serve.shutdown()
+    services.shutdown()
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _deploy(serve: Any, model: str, root: str, replicas: int) -> None:
+    from raykv.serve import build_app
+
+    app = build_app(
+        model,
+        model_id=MODEL_ID,
+        raykv={"namespace": NAMESPACE, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
+        cpu_bytes=8 * (128 << 10),
+        engine_kwargs={
+            "max_model_len": 4096,
+            "num_gpu_blocks_override": 48,
+            "enforce_eager": True,
+            "enable_prompt_tokens_details": True,
+        },
+        accelerator="cpu",
+        num_replicas=replicas,
+        router="raykv",
+        # Affinity weighed by the overload cap only, so the test decides who is overloaded.
+        router_kwargs={"load_weight": 0.0},
+        placement_group_config={"bundles": [{"CPU": 1, "llm_slot": 1}]},
+        env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+    )
+    serve.run(app, name="raykv-routed", route_prefix="/", blocking=False)
+
+
+def _replica_owners() -> dict[str, Any]:
+    """Alive Serve LLM replicas: actor id (hex) -> handle."""
+    out = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        if a["namespace"] == "serve" and a["name"].startswith("SERVE_REPLICA::") and "LLMServer" in a["name"]:
+            try:
+                h = ray.get_actor(a["name"], namespace="serve")
+            except ValueError:
+                continue
+            out[h._actor_id.hex()] = h
+    return out
+
+
+def _engine_holders(services: Any) -> dict[str, dict[str, Any]]:
+    return {h["owner"]: h for h in services.holders() if h["medium"] == ENGINE}
+
+
+def _wait_replicas(n: int, timeout_s: float = 480) -> None:
+    """Until the app answers and ``n`` engines have announced their caches."""
+    services = raykv.attach(NAMESPACE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ok = requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok
+        except requests.RequestException:
+            ok = False
+        if ok and len(_engine_holders(services)) >= n:
+            return
+        assert time.monotonic() < deadline, f"the app did not come up with {n} engines"
+        time.sleep(1)
+
+
+def _complete(tokens: list[int], max_tokens: int = 1, **extra: Any) -> dict[str, Any]:
+    body = {"model": MODEL_ID, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": 5, **extra}
+    r = requests.post(URL, json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _cached(resp: dict[str, Any]) -> int:
+    return int((resp["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def _layout(app: dict[str, Any]) -> EngineLayout:
+    idents = app["services"].identities()
+    (tag, ident), *_ = [(t, i) for t, i in idents.items() if i.get("model") == app["model"]]
+    return EngineLayout.from_identity(tag, ident)
+
+
+def _holders_of_block(app: dict[str, Any], tokens: list[int], block: int, timeout_s: float = 20.0) -> set[str]:
+    """The replicas (owner actor ids) whose engine holds block ``block`` of ``tokens``; waits for one."""
+    layout = _layout(app)
+    engine_keys, _ = request_keys(block_hashes(tokens, layout.tokens_per_hash), layout)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (holders,) = app["services"].directory.lookup([engine_keys[block]])
+        owners = {h.owner for h in holders if h.medium == ENGINE}
+        if owners or time.monotonic() > deadline:
+            return owners
+        time.sleep(0.1)
+
+
+def _session(s: int, turns: int) -> list[int]:
+    """Session ``s``'s prompt after ``turns`` turns (each turn adds blocks to the previous prompt)."""
+    tokens = make_prompt_tokens(TURN, 100 + s)
+    for t in range(1, turns):
+        tokens = tokens + make_prompt_tokens(2 * BLOCK, 1000 * s + t)
+    return tokens
+
+
+def test_follow_up_turns_go_to_the_replica_holding_their_prefix(routed_app) -> None:
+    app = routed_app
+    _complete(make_prompt_tokens(200, 7))  # kernel set-up
+    first: dict[int, str] = {}
+    for s in range(4):
+        cold = _complete(_session(s, 1))
+        assert _cached(cold) == 0
+        (first[s],) = _holders_of_block(app, _session(s, 1), 4)
+    assert len(set(first.values())) == 2, "two replicas share the sessions"
+    app["turn2"] = {}
+    for s in range(4):
+        prompt = _session(s, 2)
+        resp = app["turn2"][s] = _complete(prompt)
+        assert _cached(resp) >= TURN, resp["usage"]
+        # The turn's new blocks were computed by the replica that held its first turn.
+        assert _holders_of_block(app, prompt, 6) == {first[s]}, f"session {s} left its replica"
+    app["first"] = first
+
+
+def test_a_request_is_routed_away_from_an_overloaded_replica(routed_app) -> None:
+    app = routed_app
+    busy = app["first"][0]
+    # Two long requests sharing session 0's prefix: both go to its replica (affinity).
+    loads = [_session(0, 1) + make_prompt_tokens(BLOCK, 5000 + i) for i in range(2)]
+    done: list[dict[str, Any]] = []
+    threads = [
+        threading.Thread(target=lambda p=p: done.append(_complete(p, max_tokens=2000, ignore_eos=True))) for p in loads
+    ]
+    for t in threads:
+        t.start()
+        assert _holders_of_block(app, loads[threads.index(t)], 5) == {busy}
+    # Now it runs two requests and the other replica none: session 0's next turn goes elsewhere.
+    prompt = _session(0, 3)
+    resp = _complete(prompt)
+    owners = _holders_of_block(app, prompt, 8)
+    assert owners and busy not in owners, "the overloaded replica took the request"
+    assert _cached(resp) >= TURN  # and it still found the prefix, from raykv
+    for t in threads:
+        t.join(timeout=600)
+    assert len(done) == 2
+
+
+def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
+    app = routed_app
+    services = app["services"]
+    victim = app["first"][0]
+    replicas = _replica_owners()
+    assert victim in replicas and victim in _engine_holders(services)
+    ray.kill(replicas[victim], no_restart=True)
+    t0 = time.monotonic()
+    while victim in _engine_holders(services):
+        assert time.monotonic() - t0 < 5, "the dead engine's cache stayed in the directory"
+        time.sleep(0.05)
+    print(f"engine holder gone {time.monotonic() - t0:.2f} s after the kill")
+    # Its sessions keep being served (by the other replica, from raykv), never by the dead one.
+    for s in (0, 2):
+        prompt = _session(s, 4)
+        resp = _complete(prompt)
+        assert resp["choices"][0]["text"] is not None
+        assert victim not in _holders_of_block(app, prompt, 10)
+
+
+def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
+    app = routed_app
+    # The replica that survived the previous test; Serve replaces the killed one.
+    (old,) = set(app["first"].values()) - {app["first"][0]}
+    app["deploy"](3)  # one more replica on the running app
+    _wait_replicas(3)
+    new = set(_engine_holders(app["services"])) - {old}
+    assert len(new) == 2, f"expected the replacement and the added engine, got {new}"
+    # Two long requests on the old replica (its own sessions, so affinity sends them
+    # there) leave it overloaded: the next request goes to a new replica.
+    mine = [s for s, o in app["first"].items() if o == old] or [1]
+    loads = [_session(mine[0], 1) + make_prompt_tokens(BLOCK, 7000 + i) for i in range(2)]
+    threads = [
+        threading.Thread(target=_complete, args=(p,), kwargs={"max_tokens": 2000, "ignore_eos": True}) for p in loads
+    ]
+    for t, p in zip(threads, loads):
+        t.start()
+        assert _holders_of_block(app, p, 5) == {old}
+    prompt = _session(1, 2)  # computed (and answered) in the first test, so in raykv's tiers
+    warm = _complete(prompt)
+    owners = _holders_of_block(app, prompt, 6)
+    assert owners & new, f"a new replica did not take the request ({owners})"
+    assert _cached(warm) >= TURN, warm["usage"]  # its first request's prefix came from raykv
+    before = app["turn2"][1]
+    assert warm["choices"][0]["text"] == before["choices"][0]["text"]
+    assert warm["choices"][0]["logprobs"]["top_logprobs"] == before["choices"][0]["logprobs"]["top_logprobs"]
+    for t in threads:
+        t.join(timeout=600)
