@@ -67,7 +67,8 @@ class EngineCacheActor(HolderActor):
         self._keys: set[bytes] = set()
         self._last_event = 0.0
         self._batches = 0
-        self.hits_by_source: dict[str, int] = {}
+        #: blocks the engine loaded from each raykv tier (its hits by source, as it last said)
+        self.loaded_by_tier: dict[str, int] = {}
 
     def __repr__(self) -> str:
         info = self.__dict__.get("info")
@@ -92,7 +93,7 @@ class EngineCacheActor(HolderActor):
             "blocks": len(self._keys),
             "event_batches": self._batches,
             "last_event_at": self._last_event,
-            "hits_by_source": dict(self.hits_by_source),
+            "loaded_by_tier": dict(self.loaded_by_tier),
             **self.counters,
         }
 
@@ -101,11 +102,12 @@ class EngineCacheActor(HolderActor):
         stored: list[bytes],
         removed: list[bytes],
         cleared: bool = False,
-        hits_by_source: dict[str, int] | None = None,
+        loaded_by_tier: dict[str, int] | None = None,
     ) -> int:
         """One batch of the engine's KV events, in order: everything cleared
         first (when ``cleared``), then ``removed``, then ``stored``. Index and
-        directory change together (the calls leave before any await)."""
+        directory change together (the calls leave before any await).
+        ``loaded_by_tier``: the engine's blocks loaded from each raykv tier so far."""
         await self._started
         gone = list(self._keys) if cleared else []
         if cleared:
@@ -116,8 +118,8 @@ class EngineCacheActor(HolderActor):
         self._keys.update(new)
         self._batches += 1
         self._last_event = time.time()
-        if hits_by_source:
-            self.hits_by_source = dict(hits_by_source)
+        if loaded_by_tier:
+            self.loaded_by_tier = dict(loaded_by_tier)
         self.counters["stored"] += len(new)
         self.counters["removed"] += len(gone)
         self.log.append(False, new)

@@ -16,6 +16,7 @@ imports vLLM); the Serve router (``raykv.serve.router``) does the I/O.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -172,9 +173,15 @@ class RankPolicy:
 
 
 def rank(
-    matches: Mapping[Any, Match], queue_lens: Mapping[Any, int], policy: RankPolicy | None = None
+    matches: Mapping[Any, Match],
+    queue_lens: Mapping[Any, int],
+    policy: RankPolicy | None = None,
+    spread: Mapping[Any, float] | None = None,
 ) -> list[list[Any]]:
-    """Replicas best first, grouped in ranks (Serve picks the least loaded of a rank)."""
+    """Replicas best first, grouped in ranks (Serve picks the least loaded of a
+    rank, the first one on a tie). Within equal cost and queue, the replica
+    given the least new work so far (``spread``: blocks it was sent to
+    compute) comes first, then chance: fresh prompts spread over the replicas."""
     policy = policy or RankPolicy()
     if not matches:
         return []
@@ -182,6 +189,7 @@ def rank(
     queues = {r: max(0, int(queue_lens.get(r, 0))) for r in matches}
     mean = sum(queues.values()) / len(queues)
     least = min(queues.values())
+    spread = spread or {}
 
     def overloaded(r: Any) -> bool:
         q = queues[r]
@@ -191,7 +199,8 @@ def rank(
         m = matches[r]
         return (blocks - m.saved) + policy.load_weight * queues[r] * blocks
 
-    ordered = sorted(matches, key=lambda r: (overloaded(r), cost(r), queues[r]))
+    chance = {r: random.random() for r in matches}
+    ordered = sorted(matches, key=lambda r: (overloaded(r), cost(r), queues[r], spread.get(r, 0.0), chance[r]))
     ranks: list[list[Any]] = []
     for r in ordered:
         if ranks and overloaded(r) == overloaded(ranks[-1][0]) and cost(r) - cost(ranks[-1][0]) <= policy.ties:

@@ -226,7 +226,10 @@ def format_status(status: dict[str, Any]) -> str:
         f"{'tier':<13} {'node / root':<30} {'alive':<6} {'blocks':>8} {'used':>10} {'capacity':>10} "
         f"{'occupancy':>9} {'hit rate':>9} {'lookups':>8}",
     ]
+    engines = [t for t in status["tiers"] if t["tier_type"] == "engine"]
     for t in status["tiers"]:
+        if t["tier_type"] == "engine":
+            continue
         where = t.get("node_id") or t.get("stats", {}).get("root") or "shared"
         rate = t.get("engine_lookups", {})
         lines.append(
@@ -236,6 +239,16 @@ def format_status(status: dict[str, Any]) -> str:
             f"{_pct(t.get('occupancy')):>9} {_pct(rate.get('hit_rate')):>9} {rate.get('lookups', 0):>8}"
         )
     lines += _tenant_lines(status["tiers"])
+    if engines:
+        lines += ["", f"{'engine (replica actor)':<34} {'node':<14} {'alive':<6} {'cached':>8}  loaded from raykv"]
+        for t in engines:
+            loaded = (t.get("stats") or {}).get("loaded_by_tier") or {}
+            by_tier = ", ".join(f"{k} {v}" for k, v in sorted(loaded.items())) or "-"
+            lines.append(
+                f"{str(t.get('owner') or t['holder_id'])[:34]:<34} {str(t.get('node_id'))[:14]:<14} "
+                f"{'yes' if t['alive'] else 'NO':<6} {t.get('blocks') if t.get('blocks') is not None else '-'!s:>8}  "
+                f"{by_tier}"
+            )
     if not status["tiers"]:
         lines.append("(no tier actors yet: they start with `raykv start --config` or the first engine)")
     if status.get("identities"):

@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "dataplane": "raykv.bench.dataplane",
     "directory": "raykv.bench.directory",
     "e2e": "raykv.bench.e2e",  # real vLLM engines; lands with the vLLM adapters
+    "routing": "raykv.bench.routing",  # a Ray Serve LLM app under three request routers
 }
 
 

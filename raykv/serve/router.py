@@ -87,6 +87,9 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._tags = {"deployment": self._deployment_id.name if self._deployment_id else ""}
         self.decisions = 0
         self.fallbacks = 0
+        #: blocks each replica was sent to compute (what spreads fresh prompts), by replica id
+        self._new_blocks: dict[Any, float] = {}
+        self._pending_new: dict[int, dict[Any, int]] = {}
 
     # -- Serve's API -----------------------------------------------------------
     async def choose_replicas(
@@ -104,6 +107,12 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.decisions += 1
         record("raykv_router_decision_seconds", time.perf_counter() - t0, self._tags)
         return ranks
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
+        """Serve's hook once a request went to a replica: count the blocks it will compute there."""
+        predicted = self._pending_new.pop(id(pending_request), None)
+        if predicted is not None:
+            self._new_blocks[replica_id] = self._new_blocks.get(replica_id, 0.0) + predicted.get(replica_id, 0)
 
     # -- the decision ------------------------------------------------------------
     async def _rank(
@@ -136,7 +145,13 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 for r, m in match(engine_found, tier_found, layout.blocks_per_chunk, views).items():
                     if r not in matches or m.saved > matches[r].saved:
                         matches[r] = m
-        ranks = rank(matches, await self._queue_lens(candidates), self._policy)
+        spread = {r: self._new_blocks.get(r.replica_id, 0.0) for r in candidates}
+        ranks = rank(matches, await self._queue_lens(candidates), self._policy, spread)
+        if pending_request is not None:
+            self._pending_new[id(pending_request)] = {r.replica_id: m.recompute for r, m in matches.items()}
+            del_old = len(self._pending_new) - 10_000
+            for key in list(self._pending_new)[: max(0, del_old)]:
+                self._pending_new.pop(key, None)
         best = matches[ranks[0][0]]
         block_tokens = layouts[0].tokens_per_hash
         for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -82,7 +83,8 @@ class EngineEventsBridge:
         ).remote(self.info.to_dict(), namespace)
         self.batches = 0
         self.errors = 0
-        self._parent = os.getppid()  # the process that started the engine (a Serve replica)
+        self._parent = os.getppid()
+        self._load_counters: dict[str, Callable[[], int]] = {}  # the process that started the engine (a Serve replica)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raykv-kv-events", daemon=True)
@@ -91,6 +93,20 @@ class EngineEventsBridge:
         logger.info(
             "raykv: engine KV events from %s -> %s (replica %s)", endpoint, self.info.actor_name, self.info.owner
         )
+
+    def count_loads(self, tier: str, blocks_loaded: Callable[[], int]) -> None:
+        """Report this engine's blocks loaded from raykv tier ``tier`` with its
+        events (``raykv status`` shows each engine's hits by source)."""
+        self._load_counters[tier] = blocks_loaded
+
+    def _loads(self) -> dict[str, int]:
+        out = {}
+        for tier, count in list(self._load_counters.items()):
+            try:
+                out[tier] = int(count())
+            except Exception:  # noqa: BLE001 - a figure for status pages only
+                continue
+        return out
 
     # -- the thread ------------------------------------------------------------
     def _run(self) -> None:
@@ -139,7 +155,7 @@ class EngineEventsBridge:
                         logger.warning("raykv: engine cache actor call failed: %s", e)
                     inflight = None
                 if stored or removed or cleared:
-                    inflight = self.actor.apply.remote(list(stored), list(removed), cleared)
+                    inflight = self.actor.apply.remote(list(stored), list(removed), cleared, self._loads())
                     self.batches += 1
                     stored, removed, cleared = {}, set(), False
         finally:

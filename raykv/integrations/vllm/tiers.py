@@ -193,7 +193,11 @@ class RaykvTier(SecondaryTierManager):
             topic = str(getattr(events_config, "topic", "") or "")
         if not endpoint:
             return None
-        return EngineEventsBridge.start_for(services.config.namespace, endpoint, topic, self.identity.tag)
+        bridge = EngineEventsBridge.start_for(services.config.namespace, endpoint, topic, self.identity.tag)
+        metrics = getattr(self.raykv_tier, "metrics", None)
+        if metrics is not None:
+            bridge.count_loads(self.raykv_type, lambda: metrics.totals.get("raykv_blocks_loaded", 0))
+        return bridge
 
     # -- contract ------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

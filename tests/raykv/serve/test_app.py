@@ -145,7 +145,7 @@ def test_serve_yaml_builds_an_app_with_raykv(tiny_model) -> None:
 
     from raykv.serve import app_builder, llm_config
 
-    path = Path(__file__).resolve().parents[2] / "cluster_configs" / "serve_llm.yaml"
+    path = Path(__file__).resolve().parents[3] / "cluster_configs" / "serve_llm.yaml"
     (app_cfg,) = yaml.safe_load(path.read_text())["applications"]
     assert app_cfg["import_path"] == "raykv.serve:app_builder"
     args = dict(app_cfg["args"], model=tiny_model)
@@ -154,5 +154,35 @@ def test_serve_yaml_builds_an_app_with_raykv(tiny_model) -> None:
     tiers = cfg.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]["secondary_tiers"]
     assert [t["type"] for t in tiers] == ["RaykvObjectStoreTier", "RaykvFsTier"]
     assert {t["namespace"] for t in tiers} == {"raykv"}
+    assert args["router"] == "raykv"
+    router = cfg.deployment_config["request_router_config"]
+    assert router["request_router_class"] == "raykv.serve.router.RaykvRequestRouter"
+    assert router["request_router_kwargs"] == {"model": tiny_model, "namespace": "raykv"}
+    events = cfg.engine_kwargs["kv_events_config"]
+    assert events["enable_kv_cache_events"] and events["endpoint"].startswith("inproc://")
+    extra = cfg.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra["raykv_engine_events"]["endpoint"] == events["endpoint"]
     with pytest.raises(ValueError, match="needs a 'model'"):
         app_builder({})
+
+
+def test_router_choices(tiny_model) -> None:
+    """Each router names its Serve class; the default router adds no engine events; bad values are refused."""
+    pytest.importorskip("ray.serve.llm")
+    from raykv.serve import llm_config
+
+    plain = llm_config(tiny_model, accelerator="cpu")
+    assert "request_router_config" not in plain.deployment_config
+    assert "kv_events_config" not in plain.engine_kwargs
+    affinity = llm_config(
+        tiny_model, accelerator="cpu", router="prefix_affinity", router_kwargs={"imbalanced_threshold": 4}
+    )
+    assert affinity.deployment_config["request_router_config"]["request_router_class"].endswith(
+        "PrefixCacheAffinityRouter"
+    )
+    recorded = llm_config(tiny_model, accelerator="cpu", engine_cache=True)
+    assert recorded.engine_kwargs["kv_events_config"]["enable_kv_cache_events"]
+    with pytest.raises(ValueError, match="router must be one of default, prefix_affinity, raykv"):
+        llm_config(tiny_model, accelerator="cpu", router="fastest")
+    with pytest.raises(ValueError, match="engine_cache must be true or false"):
+        llm_config(tiny_model, accelerator="cpu", engine_cache="yes")

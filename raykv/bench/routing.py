@@ -1,0 +1,426 @@
+"""``raykv bench routing``: one Ray Serve LLM app, three request routers, one trace.
+
+An embedded cluster (``ray.cluster_utils.Cluster``, one node per replica) runs
+a Serve LLM app of N vLLM replicas (the tiny local model on CPU, or
+``--model``) with raykv's tiers (each node's object store, a shared fs root),
+once per router: Serve's default (power of two choices), Ray's
+``PrefixCacheAffinityRouter`` and raykv's router. Each run starts from empty
+caches (its own raykv namespace and root) and gets the same trace: multi-turn
+sessions of several tenants (a system prompt per tenant, a history per
+session), ``--concurrency`` sessions at a time, the last quarter of the
+sessions arriving once half of the requests are done.
+
+Per request the bench asks the directory, before sending, how many leading
+blocks each engine holds (every run records engine caches, whatever its
+router), and after the answer which replica computed it; so the prompt's
+cached tokens split into the serving engine's own cache and raykv's tiers
+(with vLLM's small per-replica CPU primary), the rest recomputed. TTFT is the
+latency of a one-token completion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from raykv.bench.common import machine, percentile, table, target, targets_table
+
+HELP = "Ray Serve LLM replicas under Serve's default, prefix-affinity and raykv routers: hits by source, TTFT, load"
+
+ROUTERS = ("default", "prefix_affinity", "raykv")
+BLOCK = 128
+URL = "http://127.0.0.1:8000/v1/completions"
+MODEL_ID = "bench"
+ENGINE_BLOCKS = 24
+PRIMARY_CHUNKS = 4  # vLLM's own CPU primary: small, so raykv's tiers do the remembering
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replicas", type=int, default=3, help="vLLM replicas, one per simulated node (default 3)")
+    p.add_argument("--sessions", type=int, default=12, help="conversations (default 12)")
+    p.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
+    p.add_argument("--tenants", type=int, default=3, help="tenants, each with its own system prompt (default 3)")
+    p.add_argument("--concurrency", type=int, default=4, help="sessions in flight at once (default 4)")
+    p.add_argument("--model", help="model path (default: the tiny local model)")
+    p.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated subset of {', '.join(ROUTERS)}")
+
+
+@dataclass
+class Session:
+    index: int
+    tenant: int
+    turns: list[list[int]]  # each turn's whole prompt
+    late: bool
+
+
+def build_sessions(sessions: int, turns: int, tenants: int, seed: int = 7) -> list[Session]:
+    """Sessions of ``tenants`` tenants: a 3-block system prompt per tenant, then
+    per turn a user message and an answer of 1-2 blocks appended to the history."""
+    from raykv.demo.tiny_model import make_prompt_tokens
+
+    rng = random.Random(seed)
+    system = [make_prompt_tokens(3 * BLOCK, 50_000 + t) for t in range(tenants)]
+    out = []
+    for s in range(sessions):
+        prompt = system[s % tenants] + make_prompt_tokens(BLOCK // 2 + rng.randrange(BLOCK), 60_000 + s)
+        history = [prompt]
+        for t in range(1, turns):
+            prompt = prompt + make_prompt_tokens(BLOCK + rng.randrange(BLOCK), 70_000 + 100 * s + t)
+            history.append(prompt)
+        out.append(Session(s, s % tenants, history, late=s >= sessions - max(1, sessions // 4)))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the trace under each router; returns the JSON result."""
+    import ray
+    from ray.cluster_utils import Cluster
+    from tqdm import tqdm
+
+    from raykv.demo.tiny_model import build_tiny_model
+    from raykv.integrations.vllm import require_vllm
+
+    require_vllm()
+    if args.quick:
+        args.replicas, args.sessions, args.turns, args.concurrency = 2, 4, 2, 2
+    if args.replicas < 2:
+        raise ValueError("--replicas: at least 2 (routing picks between replicas)")
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    unknown = set(routers) - set(ROUTERS)
+    if unknown:
+        raise ValueError(f"--routers: unknown {sorted(unknown)}; allowed: {', '.join(ROUTERS)}")
+    model = args.model or build_tiny_model()
+    sessions = build_sessions(args.sessions, args.turns, args.tenants)
+    requests_total = sum(len(s.turns) for s in sessions)
+    info = machine()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 6, "object_store_memory": 256 << 20, "resources": {"llm_slot": 1}},
+    )
+    for _ in range(args.replicas - 1):
+        cluster.add_node(num_cpus=4, object_store_memory=256 << 20, resources={"llm_slot": 1})
+    ray.init(address=cluster.address, log_to_driver=False)
+    progress = tqdm(total=len(routers) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
+    per_router: dict[str, Any] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="raykv-bench-routing-") as root:
+            for name in routers:
+                per_router[name] = _run_router(name, model, f"{root}/{name}", args, sessions, progress)
+    finally:
+        progress.close()
+        ray.shutdown()
+        cluster.shutdown()
+    return {
+        "benchmark": "routing",
+        "machine": info,
+        "replicas": args.replicas,
+        "sessions": args.sessions,
+        "turns": args.turns,
+        "tenants": args.tenants,
+        "concurrency": args.concurrency,
+        "requests": requests_total,
+        "routers": per_router,
+        "targets": _targets(per_router),
+    }
+
+
+def _run_router(
+    name: str, model: str, root: str, args: argparse.Namespace, sessions: list[Session], progress: Any
+) -> dict[str, Any]:
+    import ray
+    from ray import serve
+
+    import raykv
+    from raykv.serve import build_app
+
+    namespace = f"raykv-bench-routing-{name.replace('_', '-')}"
+    services = raykv.start({"namespace": namespace, "directory_shards": 2})
+    app = build_app(
+        model,
+        model_id=MODEL_ID,
+        raykv={"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
+        cpu_bytes=PRIMARY_CHUNKS * (128 << 10),
+        engine_kwargs={
+            "max_model_len": 4096,
+            "num_gpu_blocks_override": ENGINE_BLOCKS,
+            "enforce_eager": True,
+            "enable_prompt_tokens_details": True,
+        },
+        accelerator="cpu",
+        num_replicas=args.replicas,
+        router=name,
+        engine_cache=True,  # every run records engine caches: that is how hits are attributed
+        placement_group_config={"bundles": [{"CPU": 1, "llm_slot": 1}]},
+        env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
+    )
+    try:
+        serve.run(app, name="raykv-bench-routing", route_prefix="/", blocking=False)
+        watch = EngineWatch(services, model)
+        watch.wait_engines(args.replicas)
+        _warm_up(args.replicas)
+        results = _drive(sessions, args.concurrency, watch, progress)
+        summary = _summary(results)
+        if name == "raykv":
+            summary["router_ms_per_request"] = _router_cost_ms()
+    finally:
+        serve.shutdown()
+        services.shutdown()
+    return summary
+
+
+def _router_cost_ms(timeout_s: float = 20.0) -> float | None:
+    """Mean time the raykv router spent per decision (its histogram, read from the nodes' metrics)."""
+    from raykv.metrics.scrape import scrape_cluster
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        series = scrape_cluster()
+        total = sum(v for n, _, v in series if n == "ray_raykv_router_decision_seconds_sum")
+        count = sum(v for n, _, v in series if n == "ray_raykv_router_decision_seconds_count")
+        if count:
+            return total / count * 1000
+        time.sleep(2)
+    return None
+
+
+class EngineWatch:
+    """Reads the engines' caches from the directory (leading blocks per replica, who computed a block)."""
+
+    def __init__(self, services: Any, model: str) -> None:
+        self.services = services
+        self.model = model
+        self._layout: Any = None
+
+    def wait_engines(self, n: int, timeout_s: float = 600) -> None:
+        import requests
+
+        from raykv.placement import ENGINE
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ok = requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok
+            except requests.RequestException:
+                ok = False
+            engines = [h for h in self.services.holders() if h["medium"] == ENGINE]
+            if ok and len(engines) >= n:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the Serve app did not come up with {n} engines in {timeout_s:.0f} s")
+            time.sleep(1)
+
+    def _keys(self, tokens: list[int]) -> list[bytes]:
+        from raykv.routing import EngineLayout, block_hashes, request_keys
+
+        if self._layout is None:
+            found = [(t, i) for t, i in self.services.identities().items() if i.get("model") == self.model]
+            self._layout = EngineLayout.from_identity(*found[0])
+        engine, _ = request_keys(block_hashes(tokens, self._layout.tokens_per_hash), self._layout)
+        return engine
+
+    def owners(self, tokens: list[int]) -> list[set[str]]:
+        """Per full block of ``tokens``: the replicas (owner actor ids) whose engine holds it."""
+        from raykv.placement import ENGINE
+
+        keys = self._keys(tokens)
+        found = self.services.directory.lookup(keys) if keys else []
+        return [{h.owner or h.holder_id for h in hs if h.medium == ENGINE} for hs in found]
+
+    def leading(self, tokens: list[int]) -> Counter[str]:
+        """Leading blocks of ``tokens`` each replica's engine holds."""
+        out: Counter[str] = Counter()
+        alive: set[str] | None = None
+        for owners in self.owners(tokens):
+            alive = set(owners) if alive is None else alive & owners
+            if not alive:
+                break
+            for o in alive:
+                out[o] += 1
+        return out
+
+    def computed_by(self, tokens: list[int], timeout_s: float = 5.0) -> str | None:
+        """The replica whose engine holds the last full block of ``tokens`` (it computed the request)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            owners = self.owners(tokens)
+            if owners and owners[-1]:
+                return sorted(owners[-1])[0] if len(owners[-1]) == 1 else None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+
+def _complete(tokens: list[int], max_tokens: int = 1) -> tuple[dict[str, Any], float]:
+    import requests
+
+    body = {"model": MODEL_ID, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0}
+    t0 = time.perf_counter()
+    r = requests.post(URL, json=body, timeout=600)
+    seconds = time.perf_counter() - t0
+    r.raise_for_status()
+    return r.json(), seconds
+
+
+def _warm_up(replicas: int) -> None:
+    """One-off kernel set-up on every replica (short prompts no trace request shares)."""
+    from raykv.demo.tiny_model import make_prompt_tokens
+
+    threads = [
+        threading.Thread(target=_complete, args=(make_prompt_tokens(100, 90_000 + i),)) for i in range(3 * replicas)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Any) -> list[dict[str, Any]]:
+    """Run the sessions, ``concurrency`` at a time (late ones once half the requests are done)."""
+    total = sum(len(s.turns) for s in sessions)
+    results: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    half_done = threading.Event()
+    queue = sorted(sessions, key=lambda s: s.late)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                session = queue.pop(0)
+            if session.late:
+                half_done.wait()
+            for prompt in session.turns:
+                before = watch.leading(prompt)
+                resp, seconds = _complete(prompt)
+                by = watch.computed_by(prompt)
+                cached = int((resp["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                engine_hit = min(cached, before.get(by, 0) * BLOCK) if by else 0
+                with lock:
+                    results.append(
+                        {
+                            "session": session.index,
+                            "replica": by,
+                            "prompt_tokens": len(prompt),
+                            "cached_tokens": cached,
+                            "engine_hit_tokens": engine_hit,
+                            "ttft_ms": seconds * 1000,
+                            "at": time.perf_counter(),
+                        }
+                    )
+                    if len(results) * 2 >= total:
+                        half_done.set()
+                progress.update(1)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        r["at"] -= t0
+    return results
+
+
+def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    ttft = [r["ttft_ms"] for r in results]
+    engine = sum(r["engine_hit_tokens"] for r in results)
+    cached = sum(r["cached_tokens"] for r in results)
+    prompt = sum(r["prompt_tokens"] for r in results)
+    wall = max((r["at"] for r in results), default=0.0)
+    per_replica = Counter(r["replica"] for r in results if r["replica"])
+    mean = sum(per_replica.values()) / len(per_replica) if per_replica else float("nan")
+    return {
+        "engine_hit_tokens": engine,
+        "raykv_hit_tokens": cached - engine,
+        "recomputed_tokens": prompt - cached,
+        "prompt_tokens": prompt,
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "requests_per_s": len(results) / wall if wall else float("nan"),
+        "max_load_share": max(per_replica.values()) / mean if per_replica else float("nan"),
+        "requests_per_replica": sorted(per_replica.values(), reverse=True),
+        "unattributed_requests": sum(1 for r in results if not r["replica"]),
+    }
+
+
+def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    d, p, k = per.get("default"), per.get("prefix_affinity"), per.get("raykv")
+    if d and k:
+        out.append(
+            target(
+                "engine-cache hit tokens, raykv router / default router",
+                k["engine_hit_tokens"] / d["engine_hit_tokens"] if d["engine_hit_tokens"] else float("inf"),
+                2.0,
+                detail=f"{k['engine_hit_tokens']} vs {d['engine_hit_tokens']}",
+            )
+        )
+        out.append(
+            target(
+                "TTFT p50, default router / raykv router",
+                d["ttft_p50_ms"] / k["ttft_p50_ms"],
+                1.3,
+                detail=f"{d['ttft_p50_ms']:.1f} vs {k['ttft_p50_ms']:.1f} ms",
+            )
+        )
+    if p and k:
+        out.append(
+            target(
+                "TTFT p50, prefix-affinity router / raykv router",
+                p["ttft_p50_ms"] / k["ttft_p50_ms"],
+                1.0,
+                detail=f"{p['ttft_p50_ms']:.1f} vs {k['ttft_p50_ms']:.1f} ms",
+            )
+        )
+    if k:
+        out.append(
+            target("busiest replica's requests / mean, raykv router", k["max_load_share"], 1.5, higher_is_better=False)
+        )
+    return out
+
+
+def format_result(result: dict[str, Any]) -> str:
+    rows = []
+    for name, r in result["routers"].items():
+        rows.append(
+            [
+                name,
+                r["engine_hit_tokens"],
+                r["raykv_hit_tokens"],
+                r["recomputed_tokens"],
+                f"{r['ttft_p50_ms']:.1f}",
+                f"{r['ttft_p99_ms']:.1f}",
+                f"{r['requests_per_s']:.2f}",
+                f"{r['max_load_share']:.2f}",
+            ]
+        )
+    head = (
+        f"raykv bench routing: {result['replicas']} replicas, {result['sessions']} sessions x {result['turns']} turns, "
+        f"{result['tenants']} tenants, {result['concurrency']} sessions at a time "
+        f"({result['requests']} requests per router)"
+    )
+    body = table(
+        [
+            "router",
+            "engine hit tok",
+            "raykv hit tok",
+            "recomputed tok",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "req/s",
+            "max load share",
+        ],
+        rows,
+    )
+    cost = (result["routers"].get("raykv") or {}).get("router_ms_per_request")
+    note = f"raykv router: {cost:.2f} ms per decision (tokenize, hash, directory, rank)" if cost else ""
+    return "\n\n".join(filter(None, [head, body, note, "Targets", targets_table(result["targets"])]))
