@@ -62,14 +62,15 @@ class Session:
 
 def build_sessions(sessions: int, turns: int, tenants: int, seed: int = 7) -> list[Session]:
     """Sessions of ``tenants`` tenants: a 3-block system prompt per tenant, then
-    per turn a user message and an answer of 1-2 blocks appended to the history."""
+    per turn 1-2 blocks (a user message and an answer) appended to the history."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
     rng = random.Random(seed)
     system = [make_prompt_tokens(3 * BLOCK, 50_000 + t) for t in range(tenants)]
     out = []
     for s in range(sessions):
-        prompt = system[s % tenants] + make_prompt_tokens(BLOCK // 2 + rng.randrange(BLOCK), 60_000 + s)
+        # at least a block of the session's own, so its last full block names the session
+        prompt = system[s % tenants] + make_prompt_tokens(BLOCK + rng.randrange(BLOCK), 60_000 + s)
         history = [prompt]
         for t in range(1, turns):
             prompt = prompt + make_prompt_tokens(BLOCK + rng.randrange(BLOCK), 70_000 + 100 * s + t)

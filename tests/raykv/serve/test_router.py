@@ -101,6 +101,14 @@ def _replica_owners() -> dict[str, Any]:
     return out
 
 
+def _running_replicas() -> int:
+    from ray import serve
+
+    app = serve.status().applications.get("raykv-routed")
+    deployment = app.deployments.get(f"LLMServer:{MODEL_ID}") if app else None
+    return int((deployment.replica_states or {}).get("RUNNING", 0)) if deployment else 0
+
+
 def _engine_holders(services: Any) -> dict[str, dict[str, Any]]:
     return {h["owner"]: h for h in services.holders() if h["medium"] == ENGINE}
 
@@ -114,7 +122,7 @@ def _wait_replicas(n: int, timeout_s: float = 480) -> None:
             ok = requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok
         except requests.RequestException:
             ok = False
-        if ok and len(_engine_holders(services)) >= n:
+        if ok and len(_engine_holders(services)) >= n and _running_replicas() >= n:
             return
         assert time.monotonic() < deadline, f"the app did not come up with {n} engines"
         time.sleep(1)
@@ -226,9 +234,10 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
     app = routed_app
     (old,) = set(app["first"].values()) - {app["first"][0]}
     deadline = time.monotonic() + 480
-    while len(_engine_holders(app["services"])) < 2:
+    while len(_engine_holders(app["services"])) < 2 or _running_replicas() < 2:
         assert time.monotonic() < deadline, "Serve did not add a replica"
         time.sleep(1)
+    time.sleep(2)  # the ingress's router hears of the new replica
     (new,) = set(_engine_holders(app["services"])) - {old}
     # Two long requests on the old replica (the last prompt it computed, so affinity
     # sends them there) leave it overloaded: the next request goes to the new one.
@@ -242,7 +251,10 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
         assert _holders_of_block(app, p, len(base) // BLOCK) == {old}
     prompt = _session(1, 2)  # computed (and answered) in the first test: in raykv's tiers
     warm = _complete(prompt)
-    assert new in _holders_of_block(app, prompt, 6), "the new replica did not take the request"
+    deadline = time.monotonic() + 20
+    while new not in _holders_of_block(app, prompt, 6):  # the old one may hold it from before
+        assert time.monotonic() < deadline, "the new replica did not take the request"
+        time.sleep(0.1)
     assert _cached(warm) >= TURN, warm["usage"]  # its first request's prefix came from raykv
     before = app["turn2"][1]
     assert warm["choices"][0]["text"] == before["choices"][0]["text"]
