@@ -56,13 +56,29 @@ def block_hashes(
     if getattr(kv_cache_utils, "NONE_HASH", None) is None or getattr(block_hashes, "_algo", None) != algo:
         kv_cache_utils.init_none_hash(hash_fn)
         block_hashes._algo = algo  # type: ignore[attr-defined]
+    salt_key = (("cache_salt", cache_salt),) if _named_salt(kv_cache_utils) else (cache_salt,)
     out: list[bytes] = []
     parent = None
     for start in range(0, len(tokens) - tokens_per_hash + 1, tokens_per_hash):
-        extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
+        extra = salt_key if start == 0 and cache_salt else None
         parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start : start + tokens_per_hash], extra)
         out.append(bytes(parent))
     return out
+
+
+def _named_salt(kv_cache_utils: Any) -> bool:
+    """Whether this vLLM hashes a block's ``cache_salt`` as ``("cache_salt", salt)``
+    (0.32 and later) rather than as the bare string (0.29)."""
+    import inspect
+
+    cached = getattr(_named_salt, "_answer", None)
+    if cached is None:
+        try:
+            source = inspect.getsource(kv_cache_utils.generate_block_hash_extra_keys)
+        except (OSError, TypeError, AttributeError):
+            source = '("cache_salt"'
+        cached = _named_salt._answer = '("cache_salt"' in source  # type: ignore[attr-defined]
+    return cached
 
 
 def request_keys(hashes: Sequence[bytes], layout: EngineLayout) -> tuple[list[bytes], list[bytes]]:

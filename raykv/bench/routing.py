@@ -40,6 +40,8 @@ URL = "http://127.0.0.1:8000/v1/completions"
 MODEL_ID = "bench"
 ENGINE_BLOCKS = 24
 PRIMARY_CHUNKS = 4  # vLLM's own CPU primary: small, so raykv's tiers do the remembering
+#: A router that cannot serve a request in this time is reported as failed (the others still run).
+REQUEST_TIMEOUT_S = 60
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,26 +58,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class Session:
     index: int
     tenant: int
-    turns: list[list[int]]  # each turn's whole prompt
+    turns: list[str]  # each turn's whole prompt (text: Ray's prefix-affinity router reads text only)
+    tokens: list[list[int]]  # the same, as the model's tokenizer splits it (what engines hash)
     late: bool
 
 
-def build_sessions(sessions: int, turns: int, tenants: int, seed: int = 7) -> list[Session]:
-    """Sessions of ``tenants`` tenants: a 3-block system prompt per tenant, then
-    per turn 1-2 blocks (a user message and an answer) appended to the history."""
+def build_sessions(sessions: int, turns: int, tenants: int, tokenizer: Any, seed: int = 7) -> list[Session]:
+    """Sessions of ``tenants`` tenants: a ~3-block system prompt per tenant, then
+    per turn 1-2 blocks of text (a user message and an answer) appended to the history."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
+    def text(n_tokens: int, s: int) -> str:
+        return tokenizer.decode(make_prompt_tokens(n_tokens, s), skip_special_tokens=True)
+
     rng = random.Random(seed)
-    system = [make_prompt_tokens(3 * BLOCK, 50_000 + t) for t in range(tenants)]
+    system = [text(3 * BLOCK, 50_000 + t) for t in range(tenants)]
     out = []
     for s in range(sessions):
         # at least a block of the session's own, so its last full block names the session
-        prompt = system[s % tenants] + make_prompt_tokens(BLOCK + rng.randrange(BLOCK), 60_000 + s)
+        prompt = system[s % tenants] + "\n" + text(BLOCK + rng.randrange(BLOCK), 60_000 + s)
         history = [prompt]
         for t in range(1, turns):
-            prompt = prompt + make_prompt_tokens(BLOCK + rng.randrange(BLOCK), 70_000 + 100 * s + t)
+            prompt = prompt + "\n" + text(BLOCK + rng.randrange(BLOCK), 70_000 + 100 * s + t)
             history.append(prompt)
-        out.append(Session(s, s % tenants, history, late=s >= sessions - max(1, sessions // 4)))
+        late = s >= sessions - max(1, sessions // 4)
+        out.append(Session(s, s % tenants, history, [list(tokenizer.encode(p)) for p in history], late))
     return out
 
 
@@ -97,8 +104,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = set(routers) - set(ROUTERS)
     if unknown:
         raise ValueError(f"--routers: unknown {sorted(unknown)}; allowed: {', '.join(ROUTERS)}")
+    from transformers import AutoTokenizer
+
     model = args.model or build_tiny_model()
-    sessions = build_sessions(args.sessions, args.turns, args.tenants)
+    sessions = build_sessions(args.sessions, args.turns, args.tenants, AutoTokenizer.from_pretrained(model))
     requests_total = sum(len(s.turns) for s in sessions)
     info = machine()
     cluster = Cluster(
@@ -113,7 +122,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-routing-") as root:
             for name in routers:
-                per_router[name] = _run_router(name, model, f"{root}/{name}", args, sessions, progress)
+                try:
+                    per_router[name] = _run_router(name, model, f"{root}/{name}", args, sessions, progress)
+                except Exception as e:  # noqa: BLE001 - one router failing must not lose the others' figures
+                    per_router[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     finally:
         progress.close()
         ray.shutdown()
@@ -149,7 +161,7 @@ def _run_router(
         raykv={"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
         cpu_bytes=PRIMARY_CHUNKS * (128 << 10),
         engine_kwargs={
-            "max_model_len": 4096,
+            "max_model_len": 2048,  # vLLM wants (ENGINE_BLOCKS - 1) x 128 >= it
             "num_gpu_blocks_override": ENGINE_BLOCKS,
             "enforce_eager": True,
             "enable_prompt_tokens_details": True,
@@ -258,34 +270,42 @@ class EngineWatch:
             time.sleep(0.05)
 
 
-def _complete(tokens: list[int], max_tokens: int = 1) -> tuple[dict[str, Any], float]:
+def _complete(prompt: str | list[int], max_tokens: int = 1) -> tuple[dict[str, Any], float]:
     import requests
 
-    body = {"model": MODEL_ID, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0}
+    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
     t0 = time.perf_counter()
-    r = requests.post(URL, json=body, timeout=600)
+    r = requests.post(URL, json=body, timeout=REQUEST_TIMEOUT_S)
     seconds = time.perf_counter() - t0
     r.raise_for_status()
     return r.json(), seconds
 
 
 def _warm_up(replicas: int) -> None:
-    """One-off kernel set-up on every replica (short prompts no trace request shares)."""
-    from raykv.demo.tiny_model import make_prompt_tokens
+    """One-off kernel set-up on every replica (short text prompts no trace request shares)."""
+    failures: list[BaseException] = []
 
-    threads = [
-        threading.Thread(target=_complete, args=(make_prompt_tokens(100, 90_000 + i),)) for i in range(3 * replicas)
-    ]
+    def one(prompt: str) -> None:
+        try:
+            _complete(prompt)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            failures.append(e)
+
+    prompts = [f"warm-up {i}: " + "kernel set-up " * 30 for i in range(3 * replicas)]
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if failures:
+        raise RuntimeError(f"the app failed warm-up requests: {failures[0]!r}")
 
 
 def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Any) -> list[dict[str, Any]]:
     """Run the sessions, ``concurrency`` at a time (late ones once half the requests are done)."""
     total = sum(len(s.turns) for s in sessions)
     results: list[dict[str, Any]] = []
+    failed: list[int] = []
     lock = threading.Lock()
     half_done = threading.Event()
     queue = sorted(sessions, key=lambda s: s.late)
@@ -298,10 +318,16 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                 session = queue.pop(0)
             if session.late:
                 half_done.wait()
-            for prompt in session.turns:
-                before = watch.leading(prompt)
-                resp, seconds = _complete(prompt)
-                by = watch.computed_by(prompt)
+            for prompt, tokens in zip(session.turns, session.tokens):
+                before = watch.leading(tokens)
+                try:
+                    resp, seconds = _complete(prompt)
+                except Exception:  # noqa: BLE001 - counted; the session goes on
+                    with lock:
+                        failed.append(session.index)
+                    progress.update(1)
+                    continue
+                by = watch.computed_by(tokens)
                 cached = int((resp["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 engine_hit = min(cached, before.get(by, 0) * BLOCK) if by else 0
                 with lock:
@@ -309,7 +335,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                         {
                             "session": session.index,
                             "replica": by,
-                            "prompt_tokens": len(prompt),
+                            "prompt_tokens": int(resp["usage"]["prompt_tokens"]),
                             "cached_tokens": cached,
                             "engine_hit_tokens": engine_hit,
                             "ttft_ms": seconds * 1000,
@@ -328,6 +354,8 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
         t.join()
     for r in results:
         r["at"] -= t0
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {total} requests failed or timed out")
     return results
 
 
@@ -355,7 +383,7 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
-    d, p, k = per.get("default"), per.get("prefix_affinity"), per.get("raykv")
+    d, p, k = (per.get(n) if "error" not in per.get(n, {}) else None for n in ROUTERS)
     if d and k:
         out.append(
             target(
@@ -392,6 +420,9 @@ def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
 def format_result(result: dict[str, Any]) -> str:
     rows = []
     for name, r in result["routers"].items():
+        if "error" in r:
+            rows.append([name, "failed: " + r["error"][:60], "", "", "", "", "", ""])
+            continue
         rows.append(
             [
                 name,

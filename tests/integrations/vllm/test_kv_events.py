@@ -67,18 +67,19 @@ def raykv_services_ns(ray_local) -> Iterator[Any]:
         os.environ["RAY_ADDRESS"] = old
 
 
-def _generate(llm: Any, tokens: list[int]) -> None:
+def _generate(llm: Any, tokens: list[int], **prompt: Any) -> None:
     from vllm import SamplingParams
 
-    llm.generate([{"prompt_token_ids": tokens}], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+    sp = SamplingParams(max_tokens=1, temperature=0.0)
+    llm.generate([{"prompt_token_ids": tokens, **prompt}], sp, use_tqdm=False)
 
 
-def _engine_holding(engine: dict[str, Any], tokens: list[int]) -> list[set[str]]:
+def _engine_holding(engine: dict[str, Any], tokens: list[int], salt: str | None = None) -> list[set[str]]:
     """Per full block of ``tokens``: the engine holders listed for it."""
     services = engine["services"]
     ((tag, ident),) = [(t, i) for t, i in services.identities().items() if i.get("model") == engine["model"]]
     layout = EngineLayout.from_identity(tag, ident)
-    keys, _ = request_keys(block_hashes(tokens, layout.tokens_per_hash), layout)
+    keys, _ = request_keys(block_hashes(tokens, layout.tokens_per_hash, salt), layout)
     return [{h.holder_id for h in hs if h.medium == ENGINE} for hs in services.directory.lookup(keys)]
 
 
@@ -97,6 +98,11 @@ def test_engine_blocks_are_listed_under_the_router_s_keys(engine) -> None:
     assert len(holders) == 1
     # A prompt the engine never saw is not listed.
     assert not any(_engine_holding(engine, make_prompt_tokens(3 * 128, 2)))
+    # A tenant's salted prompt is listed under the salted keys only.
+    salted = make_prompt_tokens(2 * 128 + 5, 6)
+    _generate(engine["llm"], salted, cache_salt="tenant-a")
+    _wait(lambda: all(_engine_holding(engine, salted, "tenant-a")), "the salted prompt's blocks")
+    assert not any(_engine_holding(engine, salted)) and not any(_engine_holding(engine, salted, "tenant-b"))
 
 
 def test_evicted_blocks_leave_the_directory(engine) -> None:
