@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     per_router[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     finally:
         progress.close()
-        ray.shutdown()
+        ray.shutdown()  # and the cluster with Serve in it (serve.shutdown() would print on stdout)
         cluster.shutdown()
     return {
         "benchmark": "routing",
@@ -183,7 +183,9 @@ def _run_router(
         if name == "raykv":
             summary["router_ms_per_request"] = _router_cost_ms()
     finally:
-        serve.shutdown()
+        # delete the app, not Serve: killing Serve's controller prints Ray's warnings on
+        # stdout, where --json writes its object
+        serve.delete("raykv-bench-routing")
         services.shutdown()
     return summary
 

@@ -90,6 +90,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         #: blocks each replica was sent to compute (what spreads fresh prompts), by replica id
         self._new_blocks: dict[Any, float] = {}
         self._pending_new: dict[int, dict[Any, int]] = {}
+        #: requests this router sent to each replica that have not ended
+        self._inflight: dict[Any, int] = {}
 
     # -- Serve's API -----------------------------------------------------------
     async def choose_replicas(
@@ -109,10 +111,20 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return ranks
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
-        """Serve's hook once a request went to a replica: count the blocks it will compute there."""
+        """Serve's hook once a request went to a replica: count it in flight there
+        until it ends, and the blocks it will compute there."""
         predicted = self._pending_new.pop(id(pending_request), None)
         if predicted is not None:
             self._new_blocks[replica_id] = self._new_blocks.get(replica_id, 0.0) + predicted.get(replica_id, 0)
+        self._inflight[replica_id] = self._inflight.get(replica_id, 0) + 1
+
+        def done(_: Any) -> None:
+            self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 1) - 1)
+
+        try:
+            result.add_done_callback(done)
+        except Exception:  # noqa: BLE001 - no callback: the count is only a floor under Serve's figure
+            done(None)
 
     # -- the decision ------------------------------------------------------------
     async def _rank(
@@ -161,19 +173,15 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return ranks
 
     async def _queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
-        """Each candidate's ongoing requests: Serve's cached figure, probed where there is none."""
-        out: dict[RunningReplica, int] = {}
-        missing = []
+        """Each candidate's ongoing requests: what this router sent there and is not
+        done, or Serve's cached figure when higher. No probe: Serve probes the
+        replicas of the chosen rank itself, and a probe per request to every replica
+        is what made the first version of this router slow under load."""
         cache = getattr(self, "_replica_queue_len_cache", None)
+        out = {}
         for r in candidates:
-            q = cache.get(r.replica_id) if cache is not None else None
-            if q is None:
-                missing.append(r)
-            else:
-                out[r] = int(q)
-        if missing:
-            for r, q in await self._probe_queue_lens(missing, 0):
-                out[r] = int(q) if q is not None else r.max_ongoing_requests
+            cached = cache.get(r.replica_id) if cache is not None else None
+            out[r] = max(int(cached or 0), self._inflight.get(r.replica_id, 0))
         return out
 
     # -- what it needs once (or now and then) --------------------------------------
