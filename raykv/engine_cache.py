@@ -97,6 +97,18 @@ class EngineCacheActor(HolderActor):
             **self.counters,
         }
 
+    async def drop_identities(self, tags: Iterable[bytes]) -> int:
+        """``raykv invalidate``: forget the blocks of identities ``tags`` (the
+        engine keeps its cache; the directory stops naming it for them)."""
+        await self._started
+        prefixes = tuple(tags)
+        gone = [k for k in self._keys if k.startswith(prefixes)]
+        self._keys.difference_update(gone)
+        self.log.append(True, gone)
+        await self._unregister(gone)
+        self._publish()
+        return len(gone)
+
     async def apply(
         self,
         stored: list[bytes],
