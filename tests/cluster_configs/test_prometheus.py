@@ -89,6 +89,15 @@ class Engine:
             tier.shutdown()
         self.region.close()
 
+    def routed(self, seconds: float, by_source: dict[str, int]) -> None:
+        """What raykv's request router records per routed request (``raykv.serve.router``;
+        a Serve app with real engines is tests/raykv/serve/test_router.py's)."""
+        from raykv.metrics.catalog import record
+
+        record("raykv_router_decision_seconds", seconds, {"deployment": "LLMServer:test"})
+        for source, tokens in by_source.items():
+            record("raykv_router_prompt_tokens", tokens, {"deployment": "LLMServer:test", "source": source})
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, free_port):
@@ -210,6 +219,8 @@ def _traffic(root: str) -> None:
             f.seek(-16, os.SEEK_END)
             f.write(b"\xff" * 16)
         assert not ray.get(a.run.remote("fs", "load", keys[17:18], [26]))
+        for _ in range(3):
+            ray.get(a.routed.remote(0.004, {"engine": 512, "raykv": 256, "recompute": 128}))
     finally:
         ray.get([a.close.remote(), b.close.remote()])
 
