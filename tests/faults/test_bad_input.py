@@ -614,6 +614,10 @@ def _failing_inits(tmp_path) -> dict[str, tuple]:
         "FsRootActor": (str(tmp_path / "no-such-parent" / "root"), 0, "raykv-test"),
         "ObjectStoreActor": ("node-x", "raykv-test", {}),
         "ExampleNodeActor": ("node-x", "raykv-test", 0),  # no running event loop here
+        "EngineCacheActor": (  # no running event loop here either
+            {"holder_id": "engine:x:1", "tier_type": "engine", "medium": "engine", "actor_name": "e", "namespace": "n"},
+            "raykv-test",
+        ),
         "EngineReplica": ("", None, {}),
     }
 
