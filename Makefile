@@ -17,7 +17,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test lint test-vllm-matrix install clean
+.PHONY: demo test test-serve lint test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -47,8 +47,14 @@ $(STAMP033): $(STAMP) Makefile
 demo: $(STAMP)
 	$(BIN)/raykv demo
 
+# The default run leaves out the Ray Serve LLM apps (tests marked `serve`, about
+# 10 minutes of replica start-ups on a 2-core machine): `make test-serve` runs
+# them, and .ci/run runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	RAYKV_PYTEST_HARD_EXIT=1 $(BIN)/python -m pytest -m "not serve" $(PYTEST_ARGS)
+
+test-serve: $(STAMP)
+	RAYKV_PYTEST_HARD_EXIT=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve
 
 # The formatter and linter configured in pyproject.toml ([tool.ruff]).
 lint: $(STAMP)
@@ -57,8 +63,8 @@ lint: $(STAMP)
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
 test-vllm-matrix: $(STAMP029) $(STAMP033)
-	$(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
-	PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
+	RAYKV_PYTEST_HARD_EXIT=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
 
 clean:
 	rm -rf $(VENV) .venvs build *.egg-info

@@ -31,6 +31,8 @@ def _run(name: str, tmp_path: Path, timeout: int = 120) -> nbformat.NotebookNode
 
 
 def _outputs(nb: nbformat.NotebookNode) -> tuple[str, list[dict[str, Any]]]:
+    # A kernel may send one print's text as several stream messages (it flushes on a
+    # timer): stream texts join as they came, each carrying its own newlines.
     text, data = [], []
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -38,8 +40,9 @@ def _outputs(nb: nbformat.NotebookNode) -> tuple[str, list[dict[str, Any]]]:
                 text.append(out["text"])
             elif "data" in out:
                 data.append(out["data"])
-                text.append(out["data"].get("text/plain", ""))
-    return "\n".join(text), data
+                text.append("\n" + out["data"].get("text/plain", "") + "\n")
+        text.append("\n")
+    return "".join(text), data
 
 
 def _line(text: str, prefix: str) -> str:

@@ -99,6 +99,7 @@ def _wait_fs_keys(root: str, at_least: int, what: str, timeout_s: float = 60.0) 
         time.sleep(0.2)
 
 
+@pytest.mark.serve
 def test_two_clients_and_a_repeated_prompt_served_by_raykv(serve_app) -> None:
     root = serve_app["root"]
     _complete(make_prompt_tokens(200, 500))  # one-off kernel set-up (1 full block)

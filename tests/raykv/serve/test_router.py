@@ -2,7 +2,9 @@
 two-node ``ray.cluster_utils.Cluster``: follow-up turns go to the replica whose engine
 holds their prefix, an overloaded replica is skipped, a killed replica's engine
 entries leave the directory at once and routing never picks it again, and a replica
-added to the running app gets its first request's prefix from raykv."""
+added to the running app (``num_replicas`` raised through Serve's external scaling
+API, what the dashboard's ``/scale`` endpoint calls) gets its first request's prefix
+from raykv."""
 
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ import raykv
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.placement import ENGINE
 from raykv.routing import EngineLayout, block_hashes, request_keys
+from raykv.status import collect_status
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serve]
 
 NAMESPACE = "raykv-router-test"
 MODEL_ID = "tiny"
@@ -85,7 +88,20 @@ def _deploy(serve: Any, model: str, root: str, replicas: int) -> None:
         placement_group_config={"bundles": [{"CPU": 1, "llm_slot": 1}]},
         env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
     )
-    serve.run(app, name="raykv-routed", route_prefix="/", blocking=False)
+    # The external scaler lets the test change num_replicas of the running app
+    # without redeploying it (a redeploy restarts every replica).
+    serve.run(app, name="raykv-routed", route_prefix="/", blocking=False, external_scaler_enabled=True)
+
+
+def _scale(replicas: int) -> None:
+    """Set the running deployment's replica count (Serve's external scaling API)."""
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.context import _get_global_client
+
+    controller = _get_global_client()._controller
+    ray.get(
+        controller.update_deployment_replicas.remote(DeploymentID(f"LLMServer:{MODEL_ID}", "raykv-routed"), replicas)
+    )
 
 
 def _replica_owners() -> dict[str, Any]:
@@ -215,6 +231,8 @@ def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
     replicas = _replica_owners()
     assert victim in replicas and victim in _engine_holders(services)
     ray.kill(replicas[victim], no_restart=True)
+    # One replica from now on: the next test raises num_replicas on the running app.
+    _scale(1)
     t0 = time.monotonic()
     while victim in _engine_holders(services):
         assert time.monotonic() - t0 < 5, "the dead engine's cache stayed in the directory"
@@ -229,16 +247,25 @@ def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
 
 
 def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
-    """Serve adds a replica to the running app (here: the killed one's replacement, while
-    the other keeps serving); its first request finds its prefix in raykv."""
+    """num_replicas raised on the running app: the old replica keeps serving, and the new
+    one's first request finds its prefix in raykv."""
     app = routed_app
+    services = app["services"]
     (old,) = set(app["first"].values()) - {app["first"][0]}
+    deadline = time.monotonic() + 30
+    while set(_engine_holders(services)) != {old} or _running_replicas() != 1:
+        assert time.monotonic() < deadline, f"not one replica after the kill: {sorted(_engine_holders(services))}"
+        time.sleep(0.5)
+    before_replicas = set(_replica_owners())
+    _scale(2)
     deadline = time.monotonic() + 480
-    while len(_engine_holders(app["services"])) < 2 or _running_replicas() < 2:
+    while len(_engine_holders(services)) < 2 or _running_replicas() < 2:
         assert time.monotonic() < deadline, "Serve did not add a replica"
         time.sleep(1)
+    assert old in _replica_owners(), "raising num_replicas restarted the running replica"
     time.sleep(2)  # the ingress's router hears of the new replica
-    (new,) = set(_engine_holders(app["services"])) - {old}
+    (new,) = set(_engine_holders(services)) - {old}
+    assert new not in before_replicas
     # Two long requests on the old replica (the last prompt it computed, so affinity
     # sends them there) leave it overloaded: the next request goes to the new one.
     base = _session(2, 4)
@@ -259,5 +286,14 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
     before = app["turn2"][1]
     assert warm["choices"][0]["text"] == before["choices"][0]["text"]
     assert warm["choices"][0]["logprobs"]["top_logprobs"] == before["choices"][0]["logprobs"]["top_logprobs"]
+    # raykv status shows the new engine's hits by source.
+    deadline = time.monotonic() + 10
+    while True:
+        (row,) = [t for t in collect_status(services, metrics=False)["tiers"] if t.get("owner") == new]
+        loaded = (row.get("stats") or {}).get("loaded_by_tier") or {}
+        if sum(loaded.values()) >= TURN // BLOCK or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sum(loaded.values()) >= TURN // BLOCK, row
     for t in threads:
         t.join(timeout=600)
