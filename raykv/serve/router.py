@@ -13,7 +13,8 @@ power-of-two-choices: routing never fails a request.
 Turn it on with ``raykv.serve.build_app(..., router="raykv")`` or ``router:
 raykv`` in a Serve YAML: that also turns on the engines' KV events, which
 record each engine's own cache in the directory (``raykv.engine_cache``).
-Supported: Ray 2.60's ``RequestRouter`` API (alpha), vLLM 0.32/0.33 hashing.
+Supported: Ray 2.60's ``RequestRouter`` API (alpha); vLLM 0.29, 0.32 and 0.33 block hashing
+(``raykv.routing`` reads the installed release's ``cache_salt`` form).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ The engine's Serve replica (``owner``) comes from ``RAYKV_ENGINE_OWNER``, which
 raykv's vLLM plugin sets in the replica's process before vLLM spawns the engine
 (``raykv.integrations.vllm.plugin``); routers match it with the replica's actor.
 
-Supported: vLLM 0.32 and 0.33 (``vllm.distributed.kv_events``); 0.29's events
-have the same fields this reads.
+Supported: vLLM 0.29 and 0.32 (both run ``tests/integrations/vllm/test_kv_events.py``
+in CI) and 0.33 (``vllm.distributed.kv_events``: the same fields this reads).
 """
 
 from __future__ import annotations
