@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import ray
@@ -108,8 +109,21 @@ class RaykvServices:
             raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
         return ray.get(self.control.remove_rule.remote(name))
 
+    def _read_control(self, method: str, restart_wait_s: float = 30.0) -> Any:
+        """A read-only call to the control actor that rides out its restart
+        (Ray answers ``ActorUnavailableError`` while it comes back)."""
+        deadline = time.monotonic() + restart_wait_s
+        while True:
+            try:
+                return ray.get(getattr(self.control, method).remote())
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
     def holders(self) -> list[dict[str, Any]]:
-        return ray.get(self.control.holders.remote())
+        """Every announced holder (tier and engine-cache actors), as dicts."""
+        return self._read_control("holders")
 
     def register_identity(self, identity: KVIdentity) -> None:
         """Announce an engine's KV identity to the control actor (once per process)."""
@@ -119,7 +133,7 @@ class RaykvServices:
 
     def identities(self) -> dict[str, dict[str, Any]]:
         """Announced KV identities: tag (hex) -> fields."""
-        return ray.get(self.control.identities.remote())
+        return self._read_control("identities")
 
     def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
         """Drop every block of the identities of ``model`` (of one ``revision``
