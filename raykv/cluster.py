@@ -109,13 +109,14 @@ class RaykvServices:
             raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
         return ray.get(self.control.remove_rule.remote(name))
 
-    def _read_control(self, method: str, restart_wait_s: float = 30.0) -> Any:
-        """A read-only call to the control actor that rides out its restart
-        (Ray answers ``ActorUnavailableError`` while it comes back)."""
+    def read_control(self, method: str, timeout: float | None = None, restart_wait_s: float = 30.0) -> Any:
+        """A read-only call to the control actor (``holders``, ``identities``,
+        ``stats``) that rides out its restart (Ray answers ``ActorUnavailableError``
+        while it comes back); ``timeout`` bounds each attempt."""
         deadline = time.monotonic() + restart_wait_s
         while True:
             try:
-                return ray.get(getattr(self.control, method).remote())
+                return ray.get(getattr(self.control, method).remote(), timeout=timeout)
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
                     raise
@@ -123,7 +124,7 @@ class RaykvServices:
 
     def holders(self) -> list[dict[str, Any]]:
         """Every announced holder (tier and engine-cache actors), as dicts."""
-        return self._read_control("holders")
+        return self.read_control("holders")
 
     def register_identity(self, identity: KVIdentity) -> None:
         """Announce an engine's KV identity to the control actor (once per process)."""
@@ -133,7 +134,7 @@ class RaykvServices:
 
     def identities(self) -> dict[str, dict[str, Any]]:
         """Announced KV identities: tag (hex) -> fields."""
-        return self._read_control("identities")
+        return self.read_control("identities")
 
     def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
         """Drop every block of the identities of ``model`` (of one ``revision``

@@ -81,7 +81,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
             shards.append({**ray.get(shard.stats.remote(), timeout=timeout), "alive": True})
         except Exception as e:  # a dead shard restarts and rebuilds; report it meanwhile
             shards.append({"shard": i, "keys": 0, "holders": {}, "alive": False, "error": type(e).__name__})
-    control = ray.get(services.control.stats.remote(), timeout=timeout)
+    control = services.read_control("stats", timeout)
     series: list[tuple[str, dict[str, str], float]] = []
     if metrics:
         from raykv.metrics.scrape import scrape_cluster
@@ -106,7 +106,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         entry["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
         tiers.append(entry)
     tiers.sort(key=lambda t: (t["tier_type"], str(t.get("node_id"))))
-    identities = identity_rows(ray.get(services.control.identities.remote(), timeout=timeout), tiers)
+    identities = identity_rows(services.read_control("identities", timeout), tiers)
 
     service_rows = [
         {
