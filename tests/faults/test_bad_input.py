@@ -657,10 +657,12 @@ def test_uncreatable_fs_root_fails_once_and_is_not_restarted(raykv_services, tmp
     def mine() -> list[dict]:
         return [a for a in ray._private.state.actors().values() if a.get("Name") == name]
 
+    # DEAD is final in Ray; a crash loop would show restarts (or a re-created actor)
+    # within seconds, so a 10 s watch is enough to catch one.
     while True:
         actors = mine()
         assert len(actors) == 1, actors  # never re-created
         assert actors[0]["State"] == "DEAD" and actors[0]["NumRestarts"] == 0, actors[0]
-        if time.monotonic() - t0 > 60:
+        if time.monotonic() - t0 > 10:
             break
-        time.sleep(10)
+        time.sleep(1)
