@@ -237,6 +237,12 @@ def start(config: RaykvConfig | dict[str, Any] | None = None, *, address: str | 
     return services
 
 
+def attached_services() -> list[RaykvServices]:
+    """The services this process has attached to or started (one per namespace and Ray session)."""
+    with _lock:
+        return list(_attached.values())
+
+
 def attach(
     namespace: str = naming.DEFAULT_NAMESPACE,
     *,

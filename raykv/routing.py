@@ -66,6 +66,12 @@ def block_hashes(
     return out
 
 
+def prepare_hashing(algo: str = "sha256") -> None:
+    """Import vLLM's hashing and set it up for ``algo`` (seconds on first use: do it off
+    any event loop), so that ``block_hashes`` itself only hashes."""
+    block_hashes([], 1, None, algo)
+
+
 def _named_salt(kv_cache_utils: Any) -> bool:
     """Whether this vLLM hashes a block's ``cache_salt`` as ``("cache_salt", salt)``
     (0.32 and later) rather than as the bare string (0.29)."""

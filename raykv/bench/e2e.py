@@ -117,11 +117,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     trace,
                     kw,
                     progress,
-                    after=_lookups_then_probe if ours else None,
+                    after=_lookups_then_probe if ours else (_probe_only if name == "vllm_fs" else None),
                 )
                 if after is not None:
                     probes[name] = after["probe"]
-                    lookups[name] = after["lookups"]
+                    if "lookups" in after:
+                        lookups[name] = after["lookups"]
                 wall = time.perf_counter() - t0
                 if services is not None:
                     services.shutdown()
@@ -173,10 +174,21 @@ def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
     import ray
 
     totals: dict[str, float] = {}
+    rtts = []
     for counts in ray.get([r.raykv_lookups.remote() for r in replicas], timeout=120):
+        rtt = counts.pop("rtt_ms", None)
+        if rtt is not None:
+            rtts.append(rtt)
         for k, v in counts.items():
             totals[k] = totals.get(k, 0.0) + v
+    if rtts:
+        totals["rtt_ms"] = sum(rtts) / len(rtts)
     return {"lookups": totals, "probe": _prefix_probe(replicas)}
+
+
+def _probe_only(replicas: list[Any]) -> dict[str, Any]:
+    """The 1k-prefix probe alone (vLLM's fs tier: the same load, through its files)."""
+    return {"probe": _prefix_probe(replicas)}
 
 
 def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
@@ -295,7 +307,8 @@ def format_result(r: dict[str, Any]) -> str:
     for name, counts in (r.get("raykv_lookups") or {}).items():
         out.append(
             f"{name} lookups: {counts.get('hits', 0):.0f} HIT, {counts.get('misses', 0):.0f} MISS, "
-            f"{counts.get('retries', 0):.0f} RETRY (answered a step later)"
+            f"{counts.get('retries', 0):.0f} RETRY (answered a step later); directory round trip "
+            f"{counts.get('rtt_ms', float('nan')):.1f} ms (mean over replicas, smoothed)"
         )
     speed = r.get("hit_speedup")
     if speed and speed.get("requests"):
@@ -310,6 +323,11 @@ def format_result(r: dict[str, Any]) -> str:
             f"1k-prefix probe: {probe['prompt_tokens']}-token prompts, computed on one replica in "
             f"{probe['recompute_ttft_p50_ms']:.0f} ms (p50), then on the next replica from raykv in "
             f"{probe['raykv_ttft_p50_ms']:.0f} ms ({probe['speedup']:.1f}x)"
+        )
+    for name, p in (r.get("prefix_probes") or {}).items():
+        out.append(
+            f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, prefix loaded on the next "
+            f"replica {p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
         )
     out.append("\n" + targets_table(r["targets"]))
     return "\n".join(out)

@@ -178,10 +178,13 @@ def _run_router(
         watch = EngineWatch(services, model)
         watch.wait_engines(args.replicas)
         _warm_up(args.replicas)
+        # The router's cost is measured over the trace: its one-off set-up (vLLM's
+        # hashing, the tokenizer) falls on the warm-up requests, counted before.
+        before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
         summary = _summary(results)
-        if name == "raykv":
-            summary["router_ms_per_request"] = _router_cost_ms()
+        if before is not None:
+            summary["router_ms_per_request"], summary["router_stage_ms"] = _router_cost_ms(before)
     finally:
         # delete the app, not Serve: killing Serve's controller prints Ray's warnings on
         # stdout, where --json writes its object
@@ -190,19 +193,45 @@ def _run_router(
     return summary
 
 
-def _router_cost_ms(timeout_s: float = 20.0) -> float | None:
-    """Mean time the raykv router spent per decision (its histogram, read from the nodes' metrics)."""
+#: Seconds between two reads of the router's metrics that must agree before they
+#: count as complete (Ray exports a process's metrics every few seconds).
+METRICS_SETTLE_S = 6.0
+
+
+def _router_totals(timeout_s: float = 40.0) -> tuple[float, float, dict[str, float]]:
+    """The raykv router's metrics summed over the cluster: decision seconds, decisions,
+    seconds by stage. Read until two reads ``METRICS_SETTLE_S`` apart agree."""
     from raykv.metrics.scrape import scrape_cluster
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def read() -> tuple[float, float, dict[str, float]]:
         series = scrape_cluster()
         total = sum(v for n, _, v in series if n == "ray_raykv_router_decision_seconds_sum")
         count = sum(v for n, _, v in series if n == "ray_raykv_router_decision_seconds_count")
-        if count:
-            return total / count * 1000
-        time.sleep(2)
-    return None
+        stages: dict[str, float] = {}
+        for n, labels, v in series:
+            if n == "ray_raykv_router_stage_seconds_total":
+                stages[labels.get("stage", "?")] = stages.get(labels.get("stage", "?"), 0.0) + v
+        return total, count, stages
+
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while time.monotonic() < deadline:
+        time.sleep(METRICS_SETTLE_S)
+        now = read()
+        if now[1] == last[1] and now[1] > 0:
+            return now
+        last = now
+    return last
+
+
+def _router_cost_ms(before: tuple[float, float, dict[str, float]]) -> tuple[float | None, dict[str, float]]:
+    """Mean time the raykv router spent per decision since ``before``, in all and by stage."""
+    total, count, stages = _router_totals()
+    decisions = count - before[1]
+    if decisions <= 0:
+        return None, {}
+    by_stage = {stage: (s - before[2].get(stage, 0.0)) / decisions * 1000 for stage, s in stages.items()}
+    return (total - before[0]) / decisions * 1000, by_stage
 
 
 class EngineWatch:
@@ -456,5 +485,7 @@ def format_result(result: dict[str, Any]) -> str:
         rows,
     )
     cost = (result["routers"].get("raykv") or {}).get("router_ms_per_request")
-    note = f"raykv router: {cost:.2f} ms per decision (tokenize, hash, directory, rank)" if cost else ""
+    stages = (result["routers"].get("raykv") or {}).get("router_stage_ms") or {}
+    split = ", ".join(f"{stage} {ms:.2f}" for stage, ms in stages.items())
+    note = f"raykv router: {cost:.2f} ms per decision ({split or 'tokenize, hash, directory, rank'})" if cost else ""
     return "\n\n".join(filter(None, [head, body, note, "Targets", targets_table(result["targets"])]))

@@ -113,7 +113,17 @@ class EngineReplica:
                 out[m.name.removeprefix("vllm:raykv_lookup_")] = (
                     out.get(m.name.removeprefix("vllm:raykv_lookup_"), 0.0) + m.value
                 )
+        rtt = self._lookup_rtt_s()
+        if rtt is not None:
+            out["rtt_ms"] = rtt * 1000
         return out
+
+    def _lookup_rtt_s(self) -> float | None:
+        """The smoothed directory round trip this process's engine measured (in-process engine only)."""
+        from raykv.cluster import attached_services
+
+        rtts = [s.lookup_cache.rtt_s for s in attached_services() if s.lookup_cache.rtt_s is not None]
+        return sum(rtts) / len(rtts) if rtts else None
 
     def shutdown(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()

@@ -98,6 +98,12 @@ _SPECS = (
         LATENCY_BOUNDARIES,
     ),
     MetricSpec(
+        "raykv_router_stage_seconds",
+        COUNTER,
+        "time the raykv request router spent in each stage of its decisions (tokenize, hash, directory, rank)",
+        ("deployment", "stage"),
+    ),
+    MetricSpec(
         "raykv_router_prompt_tokens",
         COUNTER,
         "prompt tokens of routed requests by where the chosen replica should find them (engine, raykv, recompute)",

@@ -20,6 +20,7 @@ Supported: Ray 2.60's ``RequestRouter`` API (alpha); vLLM 0.29, 0.32 and 0.33 bl
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Sequence
@@ -30,13 +31,26 @@ from ray.serve._private.request_router.request_router import LocalityMixin, Mult
 from ray.serve.request_router import PendingRequest, RunningReplica
 
 from raykv.metrics.catalog import record
-from raykv.routing import Candidate, EngineLayout, Match, RankPolicy, block_hashes, match, rank, request_keys
+from raykv.routing import (
+    Candidate,
+    EngineLayout,
+    Match,
+    RankPolicy,
+    block_hashes,
+    match,
+    prepare_hashing,
+    rank,
+    request_keys,
+)
 from raykv.validate import ArgumentError
 
 logger = logging.getLogger(__name__)
 
 #: How often the router re-reads the engines' identities (new models, restarts).
 IDENTITY_REFRESH_S = 10.0
+#: How long a decision waits for the router's one-off set-up (vLLM's hashing, the
+#: tokenizer) before it falls back to power of two choices.
+PREPARE_TIMEOUT_S = 60.0
 
 
 def prompt_of(pending_request: PendingRequest | None) -> tuple[Any, str | None]:
@@ -93,6 +107,11 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._pending_new: dict[int, dict[Any, int]] = {}
         #: requests this router sent to each replica that have not ended
         self._inflight: dict[Any, int] = {}
+        # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
+        # runs on a thread from the start, never on Serve's routing event loop.
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raykv-router-prepare")
+        self._prepared = pool.submit(self._prepare)
+        pool.shutdown(wait=False)
 
     # -- Serve's API -----------------------------------------------------------
     async def choose_replicas(
@@ -136,8 +155,12 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         prompt, salt = prompt_of(pending_request)
         if prompt is None:
             return None
+        await self._wait_prepared()
+        clock = _StageClock()
         tokens = await self._tokens(prompt)
+        clock.lap("tokenize")
         layouts = await self._engine_layouts()
+        clock.lap("identities")
         if not tokens or not layouts:
             return None
         keys: list[bytes] = []
@@ -146,10 +169,12 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             engine, tier = request_keys(block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo), layout)
             spans.append((layout, len(keys), len(engine), len(tier)))
             keys += engine + tier
+        clock.lap("hash")
         if not keys:  # shorter than a block: only load matters
             matches = {r: Match() for r in candidates}
         else:
             found = await self._services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
+            clock.lap("directory")
             views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
             matches = {}
             for layout, start, n_engine, n_tier in spans:
@@ -171,6 +196,9 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             record("raykv_router_prompt_tokens", blocks * block_tokens, {**self._tags, "source": source})
         recompute = max(0, len(tokens) - (best.engine + best.raykv) * block_tokens)
         record("raykv_router_prompt_tokens", recompute, {**self._tags, "source": "recompute"})
+        clock.lap("rank")
+        for stage, seconds in clock.laps.items():
+            record("raykv_router_stage_seconds", seconds, {**self._tags, "stage": stage})
         return ranks
 
     async def _queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
@@ -186,15 +214,32 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         return out
 
     # -- what it needs once (or now and then) --------------------------------------
+    def _prepare(self) -> None:
+        """Import vLLM's hashing and load the tokenizer (on the set-up thread). A
+        tokenizer that does not load only stops routing of text prompts."""
+        prepare_hashing(self._hash_algo)
+        try:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        except Exception as e:  # noqa: BLE001 - token-id prompts still route
+            self._tokenizer_error = e
+
+    _tokenizer_error: Exception | None = None
+
+    async def _wait_prepared(self) -> None:
+        """Until the set-up is done (shared by concurrent decisions; the event loop runs on)."""
+        if not self._prepared.done():
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._prepared)), PREPARE_TIMEOUT_S)
+        self._prepared.result()  # its error, if any: this decision falls back
+
     async def _tokens(self, prompt: Any) -> list[int] | None:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch: route by its first prompt
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return prompt
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, self._tokenizer_path)
+            raise RuntimeError(f"tokenizer {self._tokenizer_path!r} did not load: {self._tokenizer_error!r}")
         if isinstance(prompt, str):
             return list(self._tokenizer.encode(prompt))
         if isinstance(prompt, dict):
@@ -225,6 +270,19 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if now - self._warned.get(kind, -1e9) >= 10.0:
             self._warned[kind] = now
             logger.warning(message)
+
+
+class _StageClock:
+    """Seconds spent in each named stage of one decision (``lap`` closes the stage that just ran)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
+        self._last = now
 
 
 def _actor_hex(replica: RunningReplica) -> str | None:
