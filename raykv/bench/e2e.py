@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.bench.cpu import cpu_by_role, cpu_delta
 from raykv.demo.replicas import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
 from raykv.demo.workload import build_trace, model_len_for, oracle_hit_tokens
 
@@ -103,12 +104,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     probes: dict[str, dict[str, Any]] = {}
     lookups: dict[str, dict[str, float]] = {}
     raw: dict[str, list[dict[str, Any]]] = {}
+    cpu: dict[str, dict[str, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
             for name in configs:
                 ours = name in RAYKV_SETTINGS
                 services = raykv.start(_raykv_config(name, root)) if ours else None
                 t0 = time.perf_counter()
+                then = _TraceCpu(_lookups_then_probe if ours else (_probe_only if name == "vllm_fs" else None))
                 results, after = run_trace(
                     name,
                     nodes,
@@ -117,9 +120,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     trace,
                     kw,
                     progress,
-                    after=_lookups_then_probe if ours else (_probe_only if name == "vllm_fs" else None),
+                    after=then.after,
+                    before=then.before,
                 )
-                if after is not None:
+                cpu[name] = after.pop("cpu")
+                if "probe" in after:
                     probes[name] = after["probe"]
                     if "lookups" in after:
                         lookups[name] = after["lookups"]
@@ -164,8 +169,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["prefix_probe"] = probes.get("raykv") or probes.get("raykv_no_wait")
     result["prefix_probes"] = probes
     result["raykv_lookups"] = lookups
+    result["trace_cpu_s"] = cpu
     result["targets"] = _targets(result)
     return result
+
+
+class _TraceCpu:
+    """CPU seconds per process role over one config's trace (``before`` and the start
+    of ``after``), then that config's own ``after`` step; ``after`` returns a dict with
+    ``cpu`` and what the step returned."""
+
+    def __init__(self, then: Any) -> None:
+        self.then = then
+        self.start: dict[int, tuple[str, float]] = {}
+
+    def before(self) -> None:
+        self.start = cpu_by_role()
+
+    def after(self, replicas: list[Any]) -> dict[str, Any]:
+        spent = cpu_delta(self.start, cpu_by_role())
+        out = dict(self.then(replicas)) if self.then is not None else {}
+        out["cpu"] = spent
+        return out
 
 
 def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
@@ -329,5 +354,8 @@ def format_result(r: dict[str, Any]) -> str:
             f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, prefix loaded on the next "
             f"replica {p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
         )
+    for name, roles in (r.get("trace_cpu_s") or {}).items():
+        top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])
+        out.append(f"CPU seconds over the {name} trace: {sum(roles.values()):.1f} ({top})")
     out.append("\n" + targets_table(r["targets"]))
     return "\n".join(out)

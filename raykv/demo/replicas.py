@@ -198,10 +198,11 @@ def run_trace(
     engine_kw: dict[str, Any],
     progress: Any,
     after: Callable[[list[Any]], Any] | None = None,
+    before: Callable[[], Any] | None = None,
 ) -> tuple[list[dict[str, Any]], Any]:
-    """Start one replica per node, send ``trace`` (requests with ``replica`` and
-    ``prompt_token_ids``) one at a time, then ``after(replicas)``, and stop the
-    replicas. Returns one result per request, and what ``after`` returned."""
+    """Start one replica per node, call ``before()``, send ``trace`` (requests with
+    ``replica`` and ``prompt_token_ids``) one at a time, then ``after(replicas)``, and
+    stop the replicas. Returns one result per request, and what ``after`` returned."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
     progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
@@ -211,6 +212,8 @@ def run_trace(
         # The first request of an engine pays one-off kernel set-up: not timed.
         ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
         progress.set_description(f"{name}: {len(trace)} requests")
+        if before is not None:
+            before()
         results = []
         for req in trace:
             results.append(ray.get(replicas[req.replica].generate.remote(req.prompt_token_ids), timeout=600))

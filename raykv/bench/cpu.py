@@ -1,0 +1,48 @@
+"""CPU seconds used by the processes of this host, grouped by role (benchmark profiles).
+
+A Ray worker's role is its actor class (its process title, ``ray::Class.method``);
+Ray's own daemons keep their names (``raylet``, ``gcs_server``); the rest is
+``other``. ``cpu_delta`` between two ``cpu_by_role`` snapshots says which
+processes a benchmark phase kept busy.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+def _role(proc: psutil.Process) -> str:
+    try:
+        cmd = proc.cmdline()
+        name = proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "other"
+    title = cmd[0] if cmd else ""
+    if title.startswith("ray::"):
+        return title.removeprefix("ray::").split(".", 1)[0].split(" ", 1)[0] or "ray worker (idle)"
+    if name in ("raylet", "gcs_server"):
+        return name
+    return "other"
+
+
+def cpu_by_role() -> dict[int, tuple[str, float]]:
+    """Per live process: (role, user + system CPU seconds so far)."""
+    out: dict[int, tuple[str, float]] = {}
+    for proc in psutil.process_iter():
+        try:
+            t = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        out[proc.pid] = (_role(proc), t.user + t.system)
+    return out
+
+
+def cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per role between two snapshots, busiest first (processes that
+    ended in between are not counted; new ones count from zero)."""
+    totals: dict[str, float] = {}
+    for pid, (role, seconds) in after.items():
+        spent = seconds - before.get(pid, (role, 0.0))[1]
+        if spent > 0:
+            totals[role] = totals.get(role, 0.0) + spent
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
