@@ -222,6 +222,8 @@ class LookupCache:
         self.rtt_s: float | None = None
         self._last_probe = 0.0
         self._timed: set[int] = set()  # ids of waited-for lookups that answered late
+        #: holders of our own stores that registered while the key's lookup was in flight
+        self._stored_in_flight: dict[bytes, list[HolderInfo]] = {}
 
     def __len__(self) -> int:
         """Answers kept now (at most ``max_entries``)."""
@@ -297,13 +299,15 @@ class LookupCache:
             except Exception as e:  # a shard died mid-lookup: treat as misses
                 logger.warning("directory lookup failed: %r", e)
                 answers = [[] for _ in p.keys]
+            # Answer before the keys leave ``_in_flight``: a store noted in between
+            # then finds either the key in flight or its answer (``note_stored``).
+            self._answer(p.keys, answers)
             with self._lock:
                 self._pending.remove(p)
                 self._timed.discard(id(p))
                 for k in p.keys:
                     if self._in_flight.get(k) is p:
                         del self._in_flight[k]
-            self._answer(p.keys, answers)
 
     def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
         now = time.monotonic()
@@ -314,6 +318,9 @@ class LookupCache:
                 self.evicted += len(keys) - self.max_entries
                 keys, answers = keys[-self.max_entries :], answers[-self.max_entries :]
             for k, holders in zip(keys, answers):
+                stored = self._stored_in_flight.pop(k, None)
+                if stored:
+                    holders = holders + [h for h in stored if h not in holders]
                 cache[k] = (now, holders)
                 cache.move_to_end(k)
             over = len(cache) - self.max_entries
@@ -400,6 +407,10 @@ class LookupCache:
                 cached = self._answers.get(k)
                 if cached is not None and holder not in cached[1]:
                     self._answers[k] = (cached[0], [*cached[1], holder])
+                elif cached is None and k in self._in_flight:
+                    # Its lookup was sent before this store registered: the answer on
+                    # its way may not name ``holder``; ``_answer`` adds it.
+                    self._stored_in_flight.setdefault(k, []).append(holder)
 
     def invalidate(self, keys: Sequence[bytes], tier_type: str | None = None) -> None:
         """Forget cached answers for ``keys``: only their ``tier_type`` holders

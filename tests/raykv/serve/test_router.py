@@ -301,5 +301,15 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
             break
         time.sleep(0.2)
     assert sum(loaded.values()) >= TURN // BLOCK, row
+    # And the same as a recompute: a cache_salt of its own names other blocks, so
+    # nothing is cached for it anywhere.
+    fresh = _complete(prompt, cache_salt="raykv-router-test-recompute")
+    assert _cached(fresh) == 0, fresh["usage"]
+    assert warm["choices"][0]["text"] == fresh["choices"][0]["text"]
+    for got, want in zip(
+        warm["choices"][0]["logprobs"]["top_logprobs"], fresh["choices"][0]["logprobs"]["top_logprobs"]
+    ):
+        assert got.keys() == want.keys()
+        assert got == pytest.approx(want, abs=1e-4)  # vLLM's CPU backend
     for t in threads:
         t.join(timeout=600)
