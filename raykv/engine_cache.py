@@ -136,6 +136,13 @@ class EngineCacheActor(HolderActor):
         self.counters["removed"] += len(gone)
         self.log.append(False, new)
         self.log.append(True, gone)
+        # A key removed and stored again in one batch stays held: the directory is told
+        # nothing about it (an unregister and a register sent together may run in either
+        # order on the async shard actor).
+        again = set(gone).intersection(new)
+        if again:
+            gone = [k for k in gone if k not in again]
+            new = [k for k in new if k not in again]
         unregistered, registered = self._unregister(gone), self._register(new)
         await unregistered
         await registered
