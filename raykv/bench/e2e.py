@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cpu[name] = after.pop("cpu")
                 if "probe" in after:
                     probes[name] = after["probe"]
-                    if "lookups" in after:
-                        lookups[name] = after["lookups"]
+                if "lookups" in after:
+                    lookups[name] = after["lookups"]
                 wall = time.perf_counter() - t0
                 if services is not None:
                     services.shutdown()

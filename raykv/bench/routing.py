@@ -210,7 +210,8 @@ def _router_totals(timeout_s: float = 40.0) -> tuple[float, float, dict[str, flo
         stages: dict[str, float] = {}
         for n, labels, v in series:
             if n == "ray_raykv_router_stage_seconds_total":
-                stages[labels.get("stage", "?")] = stages.get(labels.get("stage", "?"), 0.0) + v
+                stage = labels.get("stage", "?")
+                stages[stage] = stages.get(stage, 0.0) + v
         return total, count, stages
 
     deadline = time.monotonic() + timeout_s

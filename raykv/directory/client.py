@@ -270,16 +270,35 @@ class LookupCache:
             keys = list(self._queued)
             self._queued.clear()
         try:
-            pending = self.client.lookup_async(keys)
+            pending = self._send(keys)
         except Exception as e:  # directory unreachable: answer "nobody"
             logger.warning("directory lookup failed to send: %r", e)
             self._answer(keys, [[] for _ in keys])
             return
         with self._lock:
-            self.lookups_sent += 1
             self._pending.append(pending)
+
+    def _send(self, keys: Sequence[bytes]) -> PendingLookup:
+        """Send one batched lookup of ``keys``. They are in flight from the moment it
+        leaves: a store of ours noted before its answer lands joins that answer
+        (``note_stored``), whichever thread notes it."""
+        with self._lock:
+            pending = self.client.lookup_async(keys)
+            self.lookups_sent += 1
             for k in keys:
                 self._in_flight[k] = pending
+        return pending
+
+    def _settle(self, pending: PendingLookup, answers: Sequence[list[HolderInfo]]) -> None:
+        """Cache ``pending``'s answers, then let its keys leave flight (in that order: a
+        store noted in between finds either the key in flight or its answer)."""
+        self._answer(pending.keys, answers)
+        with self._lock:
+            self._pending = [p for p in self._pending if p is not pending]
+            self._timed.discard(id(pending))
+            for k in pending.keys:
+                if self._in_flight.get(k) is pending:
+                    del self._in_flight[k]
 
     def poll(self) -> None:
         """Absorb finished lookups without blocking."""
@@ -299,30 +318,26 @@ class LookupCache:
             except Exception as e:  # a shard died mid-lookup: treat as misses
                 logger.warning("directory lookup failed: %r", e)
                 answers = [[] for _ in p.keys]
-            # Answer before the keys leave ``_in_flight``: a store noted in between
-            # then finds either the key in flight or its answer (``note_stored``).
-            self._answer(p.keys, answers)
-            with self._lock:
-                self._pending.remove(p)
-                self._timed.discard(id(p))
-                for k in p.keys:
-                    if self._in_flight.get(k) is p:
-                        del self._in_flight[k]
+            self._settle(p, answers)
 
     def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
         now = time.monotonic()
         with self._lock:
             cache = self._answers
+            stored: dict[bytes, list[HolderInfo]] = {}
+            if self._stored_in_flight:  # every key's entry leaves, also of keys not kept below
+                stored = {k: self._stored_in_flight.pop(k) for k in keys if k in self._stored_in_flight}
             if len(keys) >= self.max_entries:  # only the last ones can stay
                 cache.clear()
                 self.evicted += len(keys) - self.max_entries
                 keys, answers = keys[-self.max_entries :], answers[-self.max_entries :]
             for k, holders in zip(keys, answers):
-                stored = self._stored_in_flight.pop(k, None)
-                if stored:
-                    holders = holders + [h for h in stored if h not in holders]
                 cache[k] = (now, holders)
                 cache.move_to_end(k)
+            for k, ours in stored.items():  # our stores noted while the answer was on its way
+                if k in cache:
+                    at, holders = cache[k]
+                    cache[k] = (at, holders + [h for h in ours if h not in holders])
             over = len(cache) - self.max_entries
             self.evicted += max(0, over)
             for _ in range(over):
@@ -358,7 +373,7 @@ class LookupCache:
         if not unknown:
             return True
         try:
-            pending = self.client.lookup_async(unknown)
+            pending = self._send(unknown)
         except Exception as e:  # directory unreachable: answer "nobody"
             logger.warning("directory lookup failed to send: %r", e)
             self._answer(unknown, [[] for _ in unknown])
@@ -373,17 +388,12 @@ class LookupCache:
             except Exception as e:  # a shard died mid-lookup: treat as misses
                 logger.warning("directory lookup failed: %r", e)
                 answers = [[] for _ in unknown]
-            self._answer(unknown, answers)
-            with self._lock:
-                self.lookups_sent += 1
+            self._settle(pending, answers)
             return True
         with self._lock:  # not in time: ``poll`` absorbs it later
             if timeout_s > 0:
                 self._timed.add(id(pending))
-            self.lookups_sent += 1
             self._pending.append(pending)
-            for k in unknown:
-                self._in_flight[k] = pending
         return False
 
     def wait(self, timeout: float = 10.0) -> None:

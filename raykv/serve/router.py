@@ -107,6 +107,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._pending_new: dict[int, dict[Any, int]] = {}
         #: requests this router sent to each replica that have not ended
         self._inflight: dict[Any, int] = {}
+        self._tokenizer_error: Exception | None = None
         # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
         # runs on a thread from the start, never on Serve's routing event loop.
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raykv-router-prepare")
@@ -224,8 +225,6 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
         except Exception as e:  # noqa: BLE001 - token-id prompts still route
             self._tokenizer_error = e
-
-    _tokenizer_error: Exception | None = None
 
     async def _wait_prepared(self) -> None:
         """Until the set-up is done (shared by concurrent decisions; the event loop runs on)."""
