@@ -51,18 +51,26 @@ def key_group_idx(key: bytes) -> int:
 def validate_keys(keys: Any, name: str = "keys") -> list[bytes]:
     """``keys`` (a sequence of offload keys) as bytes; ``ArgumentError`` naming
     the argument and the first bad key (a str, bytes or ints is not a key list)."""
+    return checked_keys(keys, name)[0]
+
+
+def checked_keys(keys: Any, name: str = "keys") -> tuple[list[bytes], int | None]:
+    """``validate_keys``, plus the length every key has (None: several lengths, or no keys)."""
     keys = sequence_arg(name, keys)
-    if set(map(type, keys)) <= {bytes}:  # the common case, without a call per key
-        lengths = set(map(len, keys))
-        if not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES):
-            return keys if type(keys) is list else list(keys)
+    try:  # the common case: one pass, no call per key (bytes.__len__ rejects non-bytes)
+        lengths = set(map(bytes.__len__, keys))
+    except TypeError:
+        lengths = None
+    if lengths is not None and (not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES)):
+        return (keys if type(keys) is list else list(keys)), (next(iter(lengths)) if len(lengths) == 1 else None)
     out = []
     for i, key in enumerate(keys):
         try:
             out.append(validate_key(key))
         except ValueError as e:
             raise ArgumentError(f"{name}[{i}]", str(e)) from None
-    return out
+    length = len(out[0]) if out and all(len(k) == len(out[0]) for k in out) else None
+    return out, length
 
 
 def validate_key(key: object) -> bytes:

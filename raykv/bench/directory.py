@@ -16,7 +16,10 @@ register calls from one caller), and after each count:
   flight at once from the same caller, so the shards rather than the caller's
   round trips set the pace;
 - ``shard_cpu_us_per_key``: CPU time of the shard processes (every thread:
-  Ray's deserialisation included) per key looked up, per call size.
+  Ray's deserialisation included) per key looked up, per call size;
+- ``floor`` (per shard count): the p50/p99 of a no-op call to one shard
+  (``ping``) and of a 1-key lookup, and the shard's CPU per ping: the per-call
+  cost that no per-key work is in.
 
 Then, on one shard at the largest stored count, ``--clients`` simulated
 engine clients (actors, each its own holder) run a step loop for
@@ -194,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             info = HolderInfo("bench:holder", "bench", SHARED, "raykv-bench-holder", ns, None)
             ray.get(directory.add_holder(info, holder))
             rss0 = _rss(directory.shards)
+            floor: dict[str, Any] | None = None
             pool: list[bytes] = []
             stored = 0
             for count in s["keys"]:
@@ -230,6 +234,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     m["shard_cpu_us_per_key"] = (_cpu(directory.shards) - cpu0) / (size * (m["calls"] + 2)) * 1e6
                     entry["calls"][str(size)] = m
                     progress.step(f"{shards} shards, {count:,} keys, calls of {size:,}")
+                if floor is None:
+                    floor = _floor(directory, pool, 50 if s["quick"] else 300)
+                entry["floor"] = floor
                 big = max(s["call_sizes"])
                 entry["lookup_keys_per_s_pipelined"] = _pipelined(directory, pool, big, s["pipeline"], rng, s["quick"])
                 progress.step()
@@ -285,6 +292,35 @@ def _lookups(directory: Any, pool: list[bytes], size: int, calls: int, rng: rand
         "lookup_p99_ms": percentile(lat, 99) * 1e3,
         "lookup_mean_ms": sum(lat) / len(lat) * 1e3,
         "misses": misses,
+    }
+
+
+def _floor(directory: Any, pool: list[bytes], calls: int) -> dict[str, Any]:
+    """The per-call floor: sequential no-op ``ping`` calls to one shard, and
+    1-key lookups through the client (p50/p99 ms), plus the shard's CPU per ping."""
+    import ray
+
+    shard = directory.shards[0]
+    ping: list[float] = []
+    ray.get(shard.ping.remote())
+    cpu0 = _cpu([shard])
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        ray.get(shard.ping.remote())
+        ping.append(time.perf_counter() - t0)
+    cpu_per_ping = (_cpu([shard]) - cpu0) / calls
+    one: list[float] = []
+    for key in pool[: calls + 2]:
+        t0 = time.perf_counter()
+        directory.prefix_lookup([key])
+        one.append(time.perf_counter() - t0)
+    one = one[2:]
+    return {
+        "ping_p50_ms": percentile(ping, 50) * 1e3,
+        "ping_p99_ms": percentile(ping, 99) * 1e3,
+        "ping_shard_cpu_us": cpu_per_ping * 1e6,
+        "one_key_p50_ms": percentile(one, 50) * 1e3,
+        "one_key_p99_ms": percentile(one, 99) * 1e3,
     }
 
 
@@ -429,7 +465,7 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 p50[worst_k],
                 1.5,
                 higher_is_better=False,
-                detail=worst_k,
+                detail=f"{worst_k}; {_floor_detail(cfgs[worst_k], 'p50')}",
             )
         )
         worst_k = max(p99, key=lambda k: p99[k])
@@ -439,7 +475,7 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 p99[worst_k],
                 5.0,
                 higher_is_better=False,
-                detail=worst_k,
+                detail=f"{worst_k}; {_floor_detail(cfgs[worst_k], 'p99')}",
             )
         )
     bpk = {k: c["bytes_per_key"] for k, c in cfgs.items()}
@@ -467,6 +503,13 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 )
             )
     return out
+
+
+def _floor_detail(config: dict[str, Any], q: str) -> str:
+    floor = config.get("floor") or {}
+    if not floor:
+        return "floor not measured"
+    return f"no-op call {floor[f'ping_{q}_ms']:.2f} ms, 1-key lookup {floor[f'one_key_{q}_ms']:.2f} ms"
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -508,6 +551,22 @@ def format_result(result: dict[str, Any]) -> str:
                 "keys/s pipelined",
             ),
             rows,
+        ),
+        "\nper-call floor: sequential calls, one caller (no-op = the shard's ping; CPU = the shard's, per ping)",
+        table(
+            ("shards", "no-op p50 ms", "no-op p99 ms", "shard CPU us/no-op", "1-key p50 ms", "1-key p99 ms"),
+            [
+                [
+                    c["shards"],
+                    f["ping_p50_ms"],
+                    f["ping_p99_ms"],
+                    f["ping_shard_cpu_us"],
+                    f["one_key_p50_ms"],
+                    f["one_key_p99_ms"],
+                ]
+                for c in result["configs"].values()
+                if (f := c.get("floor")) and c["stored_keys"] == min(cfg["keys"])
+            ],
         ),
         "\nregistration: sequential 100,000-key calls, one caller",
         table(("shards", "stored keys (up to)", "keys/s", "shard CPU us/key"), reg),

@@ -7,7 +7,9 @@ trace (``raykv.demo.workload``) under each configuration:
 - ``no_offload``: vLLM's own prefix cache only;
 - ``cpu_offload``: plus vLLM's per-replica CPU offload (what each replica remembers);
 - ``vllm_fs``: plus vLLM's own ``fs`` tier on one shared root (its cross-replica option);
-- ``raykv``: plus raykv's cluster cache (each node's object store, then a shared fs root).
+- ``raykv``: plus raykv's cluster cache (each node's object store, then a shared fs root);
+- ``raykv_no_wait``: the same, a request's first lookup never waiting for the directory;
+- ``raykv_fs``: raykv with the shared fs root only (the storage ``vllm_fs`` has).
 
 For each: prefix hit rate (cached / prompt tokens), TTFT p50/p99 (one output
 token, requests sent one at a time) and prompt tokens/s; the oracle is one
@@ -34,10 +36,17 @@ HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no off
 NAMESPACE = "raykv-bench-e2e"
 ENGINE_BLOCKS = 16
 PRIMARY_CHUNKS = 96
-CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait")
-#: raykv's configs: its defaults, and ``lookup_wait_ms=0`` (a request's first
-#: lookup never waits for the directory: its answers come one step later).
-RAYKV_SETTINGS: dict[str, dict[str, Any]] = {"raykv": {}, "raykv_no_wait": {"lookup_wait_ms": 0.0}}
+CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait", "raykv_fs")
+#: raykv's configs: its defaults; ``lookup_wait_ms=0`` (a request's first
+#: lookup never waits for the directory: its answers come one step later); and
+#: the fs tier alone (each block stored once, as under ``vllm_fs``).
+RAYKV_SETTINGS: dict[str, dict[str, Any]] = {
+    "raykv": {},
+    "raykv_no_wait": {"lookup_wait_ms": 0.0},
+    "raykv_fs": {"tiers": ("fs",)},
+}
+#: The default run leaves ``raykv_fs`` out (``--configs`` names it).
+DEFAULT_CONFIGS = CONFIGS[:-1]
 HIT_PREFIX_TOKENS = 1024
 PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
 
@@ -47,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sessions", type=int, default=7, help="conversations (default 7; keep it coprime to replicas)")
     p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
     p.add_argument("--model", help="model path (default: the tiny local model)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
+    p.add_argument(
+        "--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}"
+    )
 
 
 def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
@@ -66,14 +77,13 @@ def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
 def _raykv_config(name: str, root: str) -> dict[str, Any]:
     """raykv as config ``name`` runs it; each config has its own fs root (a
     root outlives its actor: a later config would start warm)."""
-    return {
-        "namespace": NAMESPACE,
-        **RAYKV_SETTINGS[name],
-        "tiers": [
-            {"type": "object_store", "capacity_bytes": 256 << 20},
-            {"type": "fs", "root": f"{root}/{name}-fs", "capacity_bytes": 1 << 30},
-        ],
+    settings = dict(RAYKV_SETTINGS[name])
+    wanted = settings.pop("tiers", ("object_store", "fs"))
+    tiers = {
+        "object_store": {"type": "object_store", "capacity_bytes": 256 << 20},
+        "fs": {"type": "fs", "root": f"{root}/{name}-fs", "capacity_bytes": 1 << 30},
     }
+    return {"namespace": NAMESPACE, **settings, "tiers": [tiers[t] for t in wanted]}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -166,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     result["share_of_oracle"] = {name: c["hit_rate"] / result["oracle_hit_rate"] for name, c in per_config.items()}
     result["hit_speedup"] = _hit_speedup(raw)
-    result["prefix_probe"] = probes.get("raykv") or probes.get("raykv_no_wait")
+    result["prefix_probe"] = next((probes[n] for n in RAYKV_SETTINGS if n in probes), None)
     result["prefix_probes"] = probes
     result["raykv_lookups"] = lookups
     result["trace_cpu_s"] = cpu

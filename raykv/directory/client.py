@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv.directory.fingerprint import fingerprints, to_blob
-from raykv.keys import shard_of, validate_keys
+from raykv.directory.fingerprint import PackedKeys, packed_fingerprints, to_blob
+from raykv.keys import checked_keys, shard_of
 from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.validate import ArgumentError, timeout_arg
 
@@ -29,23 +29,27 @@ logger = logging.getLogger(__name__)
 
 def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
     """``keys`` as a list of ``bytes`` (no per-key call when they already are)."""
+    return bytes_and_length(keys)[0]
+
+
+def bytes_and_length(keys: Sequence[bytes]) -> tuple[list[bytes], int | None]:
+    """``keys`` as a list of ``bytes``, and the length every key has (None: several, or none)."""
     # One pass over the keys where possible: on large batches each pass costs a
     # cache miss per key object, more than the fingerprinting itself.
-    if set(map(type, keys)) <= {bytes}:
-        return keys if type(keys) is list else list(keys)
-    return [bytes(k) for k in keys]
+    try:
+        lengths = set(map(bytes.__len__, keys))  # raises for anything but bytes
+    except TypeError:
+        keys = [bytes(k) for k in keys]
+        lengths = set(map(len, keys))
+    return (keys if type(keys) is list else list(keys)), (next(iter(lengths)) if len(lengths) == 1 else None)
 
 
-def shard_ids(keys: list[bytes], num_shards: int) -> np.ndarray | None:
-    """``shard_of`` of every key, vectorized; None unless all keys have one length >= 12."""
-    lengths = set(map(len, keys))
-    if len(lengths) != 1:
+def shard_ids(keys: Sequence[bytes] | PackedKeys, num_shards: int) -> np.ndarray | None:
+    """``shard_of`` of every key, vectorized; None unless every key is >= 12 bytes."""
+    packed = keys if isinstance(keys, PackedKeys) else PackedKeys(keys)
+    if not len(packed) or int(packed.lengths.min()) < 12:
         return None
-    (length,) = lengths
-    if length < 12:
-        return None
-    raw = np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(len(keys), length)
-    heads = np.ascontiguousarray(raw[:, length - 12 : length - 4]).view(">u8").reshape(-1)
+    heads = np.ascontiguousarray(packed.bytes_at(12, 8)).view(">u8").reshape(-1)
     return heads % np.uint64(num_shards)
 
 
@@ -111,15 +115,16 @@ class DirectoryClient:
     def num_shards(self) -> int:
         return len(self.shards)
 
-    def _split(self, keys: Sequence[bytes]) -> list[tuple[np.ndarray, bytes]]:
-        """Per shard: the positions of its keys in ``keys`` (bytes, see
-        ``as_bytes``), and their fingerprints' blob."""
+    def _split(self, keys: Sequence[bytes], length: int | None = None) -> list[tuple[np.ndarray, bytes]]:
+        """Per shard: the positions of its keys in ``keys`` (bytes-like; all
+        ``length`` bytes long when known), and their fingerprints' blob."""
         n = len(self.shards)
-        fps = fingerprints(keys)
+        packed = PackedKeys(keys, length)
+        fps = packed_fingerprints(packed)
         if n == 1:
             return [(np.arange(len(keys)), to_blob(fps))]
-        ids = shard_ids(keys, n) if len(keys) >= 64 else None
-        if ids is None:  # few keys, or keys of different lengths
+        ids = shard_ids(packed, n)
+        if ids is None:  # keys shorter than 12 bytes
             ids = np.fromiter((shard_of(k, n) for k in keys), dtype=np.int64, count=len(keys))
         ids = ids.astype(np.int64, copy=False)
         order = np.argsort(ids, kind="stable")
@@ -142,21 +147,26 @@ class DirectoryClient:
     def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
             self.shards[i].register.remote(holder_id, blob)
-            for i, (pos, blob) in enumerate(self._split(as_bytes(keys)))
+            for i, (pos, blob) in enumerate(self._split(keys))
             if len(pos)
         ]
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
         return [
             self.shards[i].unregister.remote(holder_id, blob)
-            for i, (pos, blob) in enumerate(self._split(as_bytes(keys)))
+            for i, (pos, blob) in enumerate(self._split(keys))
             if len(pos)
         ]
 
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
-        keys = as_bytes(keys)
+        return self._lookup_bytes(*bytes_and_length(keys))
+
+    def _lookup_bytes(self, keys: list[bytes], length: int | None) -> PendingLookup:
+        """``lookup_async`` of keys known to be a list of ``bytes`` (all ``length`` long when known)."""
         parts = [
-            (pos, self.shards[i].lookup.remote(blob)) for i, (pos, blob) in enumerate(self._split(keys)) if len(pos)
+            (pos, self.shards[i].lookup.remote(blob))
+            for i, (pos, blob) in enumerate(self._split(keys, length))
+            if len(pos)
         ]
         return PendingLookup(keys, parts)
 
@@ -166,8 +176,7 @@ class DirectoryClient:
         ``keys`` must be a sequence of offload keys (``ArgumentError`` naming
         the first bad one); ``timeout`` seconds, or None to wait forever.
         """
-        keys = validate_keys(keys)
-        return self.lookup_async(keys).result(timeout_arg("timeout", timeout))
+        return self._lookup_bytes(*checked_keys(keys)).result(timeout_arg("timeout", timeout))
 
     def prefix_lookup(
         self, keys: Sequence[bytes], node_id: str | None = None, timeout: float | None = 30.0
@@ -176,7 +185,7 @@ class DirectoryClient:
         this node's plasma, then shared storage, then another node's plasma."""
         if node_id is not None and not isinstance(node_id, str):
             raise ArgumentError("node_id", f"must be a Ray node id (str) or None, got {type(node_id).__name__}")
-        return self.lookup_async(validate_keys(keys)).prefix(node_id, timeout_arg("timeout", timeout))
+        return self._lookup_bytes(*checked_keys(keys)).prefix(node_id, timeout_arg("timeout", timeout))
 
     def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
         """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
