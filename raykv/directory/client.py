@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv.directory.fingerprint import PackedKeys, packed_fingerprints, to_blob
+from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
 from raykv.keys import checked_keys, shard_of
 from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.validate import ArgumentError, timeout_arg
@@ -119,12 +119,13 @@ class DirectoryClient:
         """Per shard: the positions of its keys in ``keys`` (bytes-like; all
         ``length`` bytes long when known), and their fingerprints' blob."""
         n = len(self.shards)
-        packed = PackedKeys(keys, length)
-        fps = packed_fingerprints(packed)
+        # Small batches go key by key: numpy's fixed costs are more than theirs.
+        packed = PackedKeys(keys, length) if len(keys) >= SMALL_BATCH else None
+        fps = fingerprints(keys) if packed is None else packed_fingerprints(packed)
         if n == 1:
             return [(np.arange(len(keys)), to_blob(fps))]
-        ids = shard_ids(packed, n)
-        if ids is None:  # keys shorter than 12 bytes
+        ids = None if packed is None else shard_ids(packed, n)
+        if ids is None:  # a small batch, or keys shorter than 12 bytes
             ids = np.fromiter((shard_of(k, n) for k in keys), dtype=np.int64, count=len(keys))
         ids = ids.astype(np.int64, copy=False)
         order = np.argsort(ids, kind="stable")

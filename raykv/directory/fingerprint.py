@@ -18,6 +18,7 @@ was the price.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,10 @@ _P5 = 0x27D4EB2F165667C5
 _F1 = np.uint64(0xFF51AFD7ED558CCD)
 _F2 = np.uint64(0xC4CEB9FE1A85EC53)
 _SEED = 0x5CA1AB1E0DDBA11C
+_MASK = 2**64 - 1
+#: Batches smaller than this hash key by key in Python (the same function): numpy's
+#: fixed cost per operation (~70 of them per batch) is more than theirs.
+SMALL_BATCH = 24
 
 
 class PackedKeys:
@@ -113,6 +118,25 @@ def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
     return h
 
 
+def _hash_one(key: bytes) -> int:
+    """``_hash_rows`` of one key, in Python ints (small batches)."""
+    length = len(key)
+    h = (_SEED ^ (length * _P5)) & _MASK
+    p1, p2, p4 = int(_P1), int(_P2), int(_P4)
+    for (word,) in struct.iter_unpack("<Q", bytes(key) + b"\0" * (-length % 8)):
+        k = (word * p2) & _MASK
+        k = ((k << 31) | (k >> 33)) & _MASK
+        h ^= (k * p1) & _MASK
+        h = ((h << 27) | (h >> 37)) & _MASK
+        h = (h * p1 + p4) & _MASK
+    h ^= h >> 33
+    h = (h * int(_F1)) & _MASK
+    h ^= h >> 33
+    h = (h * int(_F2)) & _MASK
+    h ^= h >> 33
+    return h or 1
+
+
 def packed_fingerprints(packed: PackedKeys) -> np.ndarray:
     """The fingerprint of every key of ``packed``, as a ``uint64`` array (never ``EMPTY``)."""
     out = np.empty(len(packed), dtype=np.uint64)
@@ -127,12 +151,14 @@ def packed_fingerprints(packed: PackedKeys) -> np.ndarray:
 
 def fingerprints(keys: Sequence[bytes]) -> np.ndarray:
     """The fingerprint of every key, as a ``uint64`` array (never ``EMPTY``)."""
+    if len(keys) < SMALL_BATCH:
+        return np.fromiter(map(_hash_one, keys), dtype=np.uint64, count=len(keys))
     return packed_fingerprints(PackedKeys(keys))
 
 
 def fingerprint(key: bytes) -> int:
     """One key's fingerprint (``fingerprints([key])[0]``)."""
-    return int(fingerprints([key])[0])
+    return _hash_one(key)
 
 
 def to_blob(fps: np.ndarray) -> bytes:

@@ -99,6 +99,9 @@ def test_directory_quick_json() -> None:
     for name, c in out["configs"].items():
         assert c["directory_keys"] == 5000, name
         assert c["bytes_per_key"] is not None
+        floor = c["floor"]  # the per-call floor: a no-op call and a 1-key lookup
+        assert all(floor[k] > 0 for k in ("ping_p50_ms", "ping_p99_ms", "one_key_p50_ms", "one_key_p99_ms")), floor
+        assert floor["ping_p99_ms"] >= floor["ping_p50_ms"]
         for size in ("100", "1000"):
             m = c["calls"][size]
             assert all(m[k] is not None and m[k] > 0 for k in DIRECTORY_KEYS), (name, size, m)

@@ -22,6 +22,7 @@ def test_a_key_has_one_fingerprint_whatever_batch_it_is_in():
     assert [fingerprint(k) for k in keys] == batch.tolist()
     same = [k for k in keys if len(k) == 44]
     assert fingerprints(same).tolist() == [fingerprint(k) for k in same]  # the one-length path
+    assert fingerprints(keys[:5]).tolist() == batch[:5].tolist()  # a small batch: key by key in Python
     assert EMPTY not in batch.tolist()
 
 
