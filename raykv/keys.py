@@ -57,20 +57,40 @@ def validate_keys(keys: Any, name: str = "keys") -> list[bytes]:
 def checked_keys(keys: Any, name: str = "keys") -> tuple[list[bytes], int | None]:
     """``validate_keys``, plus the length every key has (None: several lengths, or no keys)."""
     keys = sequence_arg(name, keys)
-    try:  # the common case: one pass, no call per key (bytes.__len__ rejects non-bytes)
-        lengths = set(map(bytes.__len__, keys))
-    except TypeError:
-        lengths = None
+    lengths = _bytes_lengths(keys)
     if lengths is not None and (not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES)):
-        return (keys if type(keys) is list else list(keys)), (next(iter(lengths)) if len(lengths) == 1 else None)
+        return (keys if type(keys) is list else list(keys)), _one_length(lengths)
     out = []
     for i, key in enumerate(keys):
         try:
             out.append(validate_key(key))
         except ValueError as e:
             raise ArgumentError(f"{name}[{i}]", str(e)) from None
-    length = len(out[0]) if out and all(len(k) == len(out[0]) for k in out) else None
-    return out, length
+    return out, _one_length(set(map(len, out)))
+
+
+def bytes_and_length(keys: Sequence[bytes]) -> tuple[list[bytes], int | None]:
+    """``keys`` as a list of ``bytes`` (not validated), and the length every key has
+    (None: several lengths, or no keys)."""
+    lengths = _bytes_lengths(keys)
+    if lengths is None:
+        keys = [bytes(k) for k in keys]
+        lengths = set(map(len, keys))
+    return (keys if type(keys) is list else list(keys)), _one_length(lengths)
+
+
+def _bytes_lengths(keys: Sequence[object]) -> set[int] | None:
+    """The distinct lengths of ``keys`` when every one is ``bytes``, else None: one
+    pass and no Python call per key (on large batches each pass over the key
+    objects costs a cache miss per key, more than fingerprinting them)."""
+    try:
+        return set(map(bytes.__len__, keys))  # raises for anything but bytes
+    except TypeError:
+        return None
+
+
+def _one_length(lengths: set[int]) -> int | None:
+    return next(iter(lengths)) if len(lengths) == 1 else None
 
 
 def validate_key(key: object) -> bytes:

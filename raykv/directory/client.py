@@ -20,28 +20,11 @@ import numpy as np
 import ray
 
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
-from raykv.keys import checked_keys, shard_of
+from raykv.keys import bytes_and_length, checked_keys, shard_of
 from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
 from raykv.validate import ArgumentError, timeout_arg
 
 logger = logging.getLogger(__name__)
-
-
-def as_bytes(keys: Sequence[bytes]) -> list[bytes]:
-    """``keys`` as a list of ``bytes`` (no per-key call when they already are)."""
-    return bytes_and_length(keys)[0]
-
-
-def bytes_and_length(keys: Sequence[bytes]) -> tuple[list[bytes], int | None]:
-    """``keys`` as a list of ``bytes``, and the length every key has (None: several, or none)."""
-    # One pass over the keys where possible: on large batches each pass costs a
-    # cache miss per key object, more than the fingerprinting itself.
-    try:
-        lengths = set(map(bytes.__len__, keys))  # raises for anything but bytes
-    except TypeError:
-        keys = [bytes(k) for k in keys]
-        lengths = set(map(len, keys))
-    return (keys if type(keys) is list else list(keys)), (next(iter(lengths)) if len(lengths) == 1 else None)
 
 
 def shard_ids(keys: Sequence[bytes] | PackedKeys, num_shards: int) -> np.ndarray | None:

@@ -26,12 +26,11 @@ import numpy as np
 #: Fingerprint 0 marks an empty slot of a ``FingerprintTable``; a key hashing to 0 uses 1.
 EMPTY = 0
 
-_P1 = np.uint64(0x9E3779B185EBCA87)
-_P2 = np.uint64(0xC2B2AE3D27D4EB4F)
-_P4 = np.uint64(0x85EBCA77C2B2AE63)
-_P5 = 0x27D4EB2F165667C5
-_F1 = np.uint64(0xFF51AFD7ED558CCD)
-_F2 = np.uint64(0xC4CEB9FE1A85EC53)
+# xxh64's primes and murmur3's finaliser constants, as Python ints (``_hash_one``)
+# and as numpy scalars (``_hash_rows``).
+P1, P2, P4, P5 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5
+F1, F2 = 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
+_P1, _P2, _P4, _F1, _F2 = (np.uint64(c) for c in (P1, P2, P4, F1, F2))
 _SEED = 0x5CA1AB1E0DDBA11C
 _MASK = 2**64 - 1
 #: Batches smaller than this hash key by key in Python (the same function): numpy's
@@ -42,9 +41,10 @@ SMALL_BATCH = 24
 class PackedKeys:
     """A batch of keys joined into one ``uint8`` buffer (one pass over the key
     objects), with each key's length and offset. Keys must be bytes-like;
-    ``length``, when given, is every key's length (one pass fewer)."""
+    ``length``, when given, is every key's length (one pass fewer).
+    ``length`` is then the length every key has (None: several, or no keys)."""
 
-    __slots__ = ("buf", "lengths", "offsets")
+    __slots__ = ("buf", "lengths", "offsets", "length")
 
     def __init__(self, keys: Sequence[bytes], length: int | None = None) -> None:
         self.buf = np.frombuffer(b"".join(keys), dtype=np.uint8)
@@ -53,23 +53,18 @@ class PackedKeys:
             self.lengths = np.full(n, length, dtype=np.int64)
         else:
             self.lengths = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+            first = int(self.lengths[0]) if n else None
+            length = first if n and (self.lengths == first).all() else None
+        self.length = length if n else None
         self.offsets = np.cumsum(self.lengths) - self.lengths
 
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def same_length(self) -> int | None:
-        """The length every key has, or None (none, or several lengths)."""
-        if not len(self.lengths):
-            return None
-        first = int(self.lengths[0])
-        return first if len(self.buf) == first * len(self.lengths) and (self.lengths == first).all() else None
-
     def groups(self) -> list[tuple[int, np.ndarray | None, np.ndarray]]:
         """Per distinct key length: (length, positions or None for all keys, ``(m, length)`` byte rows)."""
-        length = self.same_length()
-        if length is not None:
-            return [(length, None, self.buf.reshape(len(self), length))]
+        if self.length is not None:
+            return [(self.length, None, self.buf.reshape(len(self), self.length))]
         out = []
         for length in np.unique(self.lengths).tolist():
             pos = np.flatnonzero(self.lengths == length)
@@ -99,7 +94,7 @@ def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
         padded[:, :length] = rows
         rows = padded
     words = rows.view("<u8").reshape(m, words_n)
-    h = np.full(m, (_SEED ^ (length * _P5)) & (2**64 - 1), dtype=np.uint64)
+    h = np.full(m, (_SEED ^ (length * P5)) & _MASK, dtype=np.uint64)
     k = np.empty(m, dtype=np.uint64)
     tmp = np.empty(m, dtype=np.uint64)
     for j in range(words_n):
@@ -121,29 +116,29 @@ def _hash_rows(rows: np.ndarray, length: int) -> np.ndarray:
 def _hash_one(key: bytes) -> int:
     """``_hash_rows`` of one key, in Python ints (small batches)."""
     length = len(key)
-    h = (_SEED ^ (length * _P5)) & _MASK
-    p1, p2, p4 = int(_P1), int(_P2), int(_P4)
+    h = (_SEED ^ (length * P5)) & _MASK
     for (word,) in struct.iter_unpack("<Q", bytes(key) + b"\0" * (-length % 8)):
-        k = (word * p2) & _MASK
+        k = (word * P2) & _MASK
         k = ((k << 31) | (k >> 33)) & _MASK
-        h ^= (k * p1) & _MASK
+        h ^= (k * P1) & _MASK
         h = ((h << 27) | (h >> 37)) & _MASK
-        h = (h * p1 + p4) & _MASK
+        h = (h * P1 + P4) & _MASK
     h ^= h >> 33
-    h = (h * int(_F1)) & _MASK
+    h = (h * F1) & _MASK
     h ^= h >> 33
-    h = (h * int(_F2)) & _MASK
+    h = (h * F2) & _MASK
     h ^= h >> 33
     return h or 1
 
 
 def packed_fingerprints(packed: PackedKeys) -> np.ndarray:
     """The fingerprint of every key of ``packed``, as a ``uint64`` array (never ``EMPTY``)."""
-    out = np.empty(len(packed), dtype=np.uint64)
-    for length, pos, rows in packed.groups():
-        if pos is None:
-            out = _hash_rows(rows, length)
-        else:
+    groups = packed.groups()
+    if len(groups) == 1 and groups[0][1] is None:  # one key length: no scatter
+        out = _hash_rows(groups[0][2], groups[0][0])
+    else:
+        out = np.empty(len(packed), dtype=np.uint64)
+        for length, pos, rows in groups:
             out[pos] = _hash_rows(rows, length)
     out[out == EMPTY] = 1
     return out

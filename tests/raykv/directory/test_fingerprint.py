@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from raykv.directory.client import bytes_and_length, shard_ids
+from raykv.directory.client import shard_ids
 from raykv.directory.fingerprint import EMPTY, PackedKeys, fingerprint, fingerprints
 from raykv.directory.fptable import FingerprintTable
-from raykv.keys import checked_keys, shard_of
+from raykv.keys import bytes_and_length, checked_keys, shard_of
 from raykv.validate import ArgumentError
 
 
@@ -51,7 +51,7 @@ def test_packed_keys_and_vectorised_shards_match_per_key_rules():
     keys = [os.urandom(n) for n in (12, 44, 44, 20, 100, 13)]
     packed = PackedKeys(keys)
     assert packed.lengths.tolist() == [len(k) for k in keys]
-    assert packed.same_length() is None
+    assert packed.length is None
     assert shard_ids(packed, 3).tolist() == [shard_of(k, 3) for k in keys]
     assert shard_ids([b"short-key"], 3) is None  # under 12 bytes: the caller's per-key rule
 
