@@ -118,6 +118,11 @@ class EngineReplica:
             out["rtt_ms"] = rtt * 1000
         return out
 
+    def cascade_drops(self) -> int:
+        """Blocks this engine computed that never reached its CPU primary (it was full), so
+        no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""
+        return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:raykv_cascade_dropped_blocks"))
+
     def _lookup_rtt_s(self) -> float | None:
         """The smoothed directory round trip this process's engine measured (in-process engine only)."""
         from raykv.cluster import attached_services

@@ -74,6 +74,13 @@ _SPECS = (
         JOB_TAGS,
         LATENCY_BOUNDARIES,
     ),
+    # -- engine side: per engine process's node and raykv namespace (raykv.integrations.vllm.drops)
+    MetricSpec(
+        "raykv_cascade_dropped_blocks",
+        COUNTER,
+        "blocks the engine computed that never reached vLLM's CPU primary (it was full), so no tier got them",
+        ("node", "namespace"),
+    ),
     # -- tier actors: per tier, node and holder (one object store actor per node, one fs actor per root)
     MetricSpec("raykv_tier_blocks", GAUGE, "blocks held by the tier actor", ACTOR_TAGS),
     MetricSpec("raykv_tier_bytes", GAUGE, "bytes of blocks held by the tier actor", ACTOR_TAGS),

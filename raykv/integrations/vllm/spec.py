@@ -4,7 +4,9 @@ Load it with `spec_name: RaykvOffloadingSpec`,
 `spec_module_path: raykv.integrations.vllm.spec` in `kv_connector_extra_config`
 (`raykv.integrations.vllm.kv_transfer_config` writes both). Everything on the
 scheduler side (CPU primary tier, cascade, secondary tiers) is vLLM's
-`TieringOffloadingSpec`; only the worker differs, and only off CUDA/XPU.
+`TieringOffloadingSpec`; only the worker differs, and only off CUDA/XPU. The
+manager it builds is vLLM's, wrapped to count the blocks its cascade never
+offered to the tiers because the primary was full (``raykv.integrations.vllm.drops``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.config import check_primary_fits  # noqa: E402
 from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker  # noqa: E402
+from raykv.integrations.vllm.drops import CascadeDropCounter, metric_definitions  # noqa: E402
 
 
 def _has_async_worker() -> bool:
@@ -41,6 +44,19 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
         check_primary_fits(
             self.extra_config.get("cpu_bytes_to_use"), self.kv_bytes_per_chunk, compat.spec_num_chunks(self)
         )
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's tiering metrics plus raykv's count of blocks the cascade dropped."""
+        return {**super().build_metric_definitions(extra_config), **metric_definitions()}
+
+    @override
+    def get_manager(self) -> Any:
+        """vLLM's tiering manager, counting the blocks the full primary refused (the same object on every call)."""
+        counter = getattr(self, "_raykv_drop_counter", None)
+        if counter is None:
+            counter = self._raykv_drop_counter = CascadeDropCounter(super().get_manager())
+        return counter
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
