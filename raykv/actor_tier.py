@@ -38,6 +38,7 @@ from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
 from raykv.metrics.recorders import TierMetrics
 from raykv.placement import HolderInfo
 from raykv.polling import ActorLiveness, HoldingsFeed, poll_ref
+from raykv.tenants import TenantSharing
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class DirectoryBackedTier(SecondaryTier):
         self.services.register_identity(self.identity)
         self._events: HoldingsFeed | None = None
         self.services.planner.add(self.key_tag, self)
+        self.tenant_sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
         self._lookup_wait_s = float(getattr(self.services.config, "lookup_wait_ms", 0.0)) / 1000
 
     # -- KV events -----------------------------------------------------------
@@ -141,7 +143,7 @@ class DirectoryBackedTier(SecondaryTier):
                 return LookupResult.MISS  # a malformed key is nobody's: never batch it
         elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
             return LookupResult.MISS
-        return self._lookup_scoped(self.key_tag + key, req_context)
+        return self._lookup_scoped(self.scope(key, req_context), req_context)
 
     def _lookup_scoped(self, key: bytes, req_context: ReqContext | None = None) -> LookupResult:
         self._cache.poll()
@@ -168,10 +170,10 @@ class DirectoryBackedTier(SecondaryTier):
         req_context.prefix_resolved = True
         keys = [key]
         if req_context.prefix_keys is not None:
-            tag = self.key_tag
+            scope = self.key_scope(req_context)
             try:
                 keys += [
-                    tag + k
+                    self.scope(k, scope=scope)
                     for k in req_context.prefix_keys()
                     if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
                 ]
@@ -211,9 +213,10 @@ class DirectoryBackedTier(SecondaryTier):
 
     def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
         """A submitted job's validated, identity-scoped keys and its chunk ids
-        (``ValueError`` when malformed). Results name the job's own keys."""
-        tag = self.key_tag
-        keys = [tag + validate_key(k) for k in job.keys]
+        (``ValueError`` when malformed), in the job's tenant scope. Results
+        name the job's own keys."""
+        scope = self.key_scope(job.req_context)
+        keys = [self.scope(validate_key(k), scope=scope) for k in job.keys]
         ids = np.asarray(job.chunk_ids)
         if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
             raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
@@ -222,9 +225,12 @@ class DirectoryBackedTier(SecondaryTier):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
         return keys, chunks
 
-    def lookup_blocking(self, keys: Collection[OffloadKey], timeout: float = 10.0) -> list[LookupResult]:
-        """Resolve ``keys`` now (tools and tests; engines use ``lookup``)."""
-        scoped = [self.key_tag + validate_key(k) for k in keys]
+    def lookup_blocking(
+        self, keys: Collection[OffloadKey], timeout: float = 10.0, req_context: ReqContext | None = None
+    ) -> list[LookupResult]:
+        """Resolve ``keys`` now, for ``req_context``'s tenant (tools and tests; engines use ``lookup``)."""
+        scope = self.key_scope(req_context)
+        scoped = [self.scope(validate_key(k), scope=scope) for k in keys]
         for k in scoped:
             if self._cache.get(k) is None:
                 self._cache.request(k)

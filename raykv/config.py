@@ -169,6 +169,14 @@ class RaykvConfig:
     )
     tiers: list = opt([], kind=list, doc="tier configs ({'type': ..., ...}) started with `raykv start`")
     rules: list = opt([], kind=list, doc="policy rules registered at start")
+    shared_tenants: dict = opt(
+        {},
+        kind=dict,
+        doc="tenants that share KV blocks (opt-in; by default every tenant named by kv_transfer_params['tenant'] "
+        "sees only its own blocks): {'team-x': ['tenant-a', 'tenant-b']} shares within each group, "
+        "{'public': ['*']} makes every tenant not in another group share with all. Shared prompt caches leak "
+        "prompts through timing (CVE-2025-46570): share only between tenants that trust each other",
+    )
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None) -> "RaykvConfig":
@@ -197,6 +205,9 @@ class RaykvConfig:
                     + "); list each tier once",
                 )
             seen[key] = i
+        from raykv.tenants import check_shared_tenants
+
+        check_shared_tenants(cfg.shared_tenants)
         types = [t["type"] for t in cfg.tiers]
         names: dict[str, int] = {}
         for i, raw_rule in enumerate(cfg.rules):

@@ -17,6 +17,7 @@ import numpy as np
 
 from raykv.identity import DEFAULT_IDENTITY, KVIdentity
 from raykv.keys import OffloadKey
+from raykv.tenants import ISOLATED, TenantSharing, tenant_key
 
 JobId = int
 
@@ -119,9 +120,10 @@ class SecondaryTier(ABC):
     that may wait.
 
     Keys: ``OffloadKey`` bytes (block hash + 4-byte group index) as the
-    engine names them; a tier scopes them with the engine's KV identity
-    (``scope``) before they leave the process, so engines of different models
-    or layouts never meet.
+    engine names them; a tier scopes them with the engine's KV identity and
+    the request's tenant (``scope``) before they leave the process, so engines
+    of different models or layouts, and tenants that do not share
+    (``raykv.tenants``), never meet.
 
     Slots: a job's ``chunk_ids`` index the first axis of ``primary_kv_view``
     (``num_chunks`` rows of ``block_size_bytes``). The engine does not touch a
@@ -153,15 +155,24 @@ class SecondaryTier(ABC):
         #: is scoped with its tag (``raykv.identity``).
         self.identity: KVIdentity = KVIdentity.from_dict(identity) if identity is not None else DEFAULT_IDENTITY
         self.key_tag: bytes = self.identity.tag
+        #: Which tenants share blocks (``raykv.tenants``; namespace config ``shared_tenants``).
+        self.tenant_sharing: TenantSharing = ISOLATED
 
     @property
     def primary_kv_view(self) -> memoryview:
         """The engine's primary region, ``(num_chunks, block_size_bytes)``."""
         return self._primary_kv_view
 
-    def scope(self, key: bytes) -> bytes:
-        """The identity-scoped key raykv stores for the engine's ``key``."""
-        return self.key_tag + key
+    def key_scope(self, req_context: ReqContext | None) -> bytes:
+        """The tenant scope of ``req_context``'s keys (b"": plain keys; ``raykv.tenants``)."""
+        return self.tenant_sharing.scope(req_context)
+
+    def scope(self, key: bytes, req_context: ReqContext | None = None, *, scope: bytes | None = None) -> bytes:
+        """The key raykv stores for the engine's ``key``: identity tag, then
+        the key in the request's tenant scope (``scope``: one computed already)."""
+        if scope is None:
+            scope = self.tenant_sharing.scope(req_context)
+        return self.key_tag + (tenant_key(key, scope) if scope else key)
 
     @abstractmethod
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:

@@ -17,30 +17,154 @@ Eviction under quotas (``TenantLRU``), for a store of ``n`` bytes by tenant T:
 
 Each tenant keeps its own LRU order; with no quotas configured the tiers keep
 their plain LRU and only count bytes per tenant.
+
+Isolation (``TenantSharing``): a tenant named by a label
+(``kv_transfer_params["tenant"]`` or ``ReqContext.tenant``) also scopes the
+keys raykv stores and looks up, the way a ``cache_salt`` scopes vLLM's block
+hashes: its keys' hash part is replaced by a keyed hash of it (``tenant_key``),
+so tenant B's lookups never find tenant A's blocks. A prompt cache shared
+across tenants leaks prompts through timing (a hit is faster than a prefill:
+CVE-2025-46570), hence isolation by default. Tenants named only by their
+``cache_salt`` are scoped by vLLM already (their hashes differ); requests
+that name no tenant use plain keys. Sharing is an explicit opt-in in the
+namespace config, ``shared_tenants``: ``{"team-x": ["tenant-a", "tenant-b"]}``
+makes the tenants of one group share each other's blocks (and only theirs);
+``{"public": ["*"]}`` makes every tenant not in another group share with
+everyone else and with requests that name no tenant (raykv's behaviour before
+tenants were isolated).
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raykv.contract import ReqContext
-from raykv.policy.rules import request_tenant
+from raykv.validate import ConfigError, request_params, request_tenant_value, type_name
+
+if TYPE_CHECKING:
+    from raykv.contract import ReqContext
 
 DEFAULT_TENANT = ""
 EVERY_TENANT = "*"
+#: Bytes at the end of an offload key that are its KV cache group index (kept as is).
+_GROUP_IDX_BYTES = 4
+#: Longest tenant or group name ``shared_tenants`` accepts.
+MAX_TENANT_NAME = 256
 
 
-def tenant_of(req: ReqContext | None) -> str:
-    """The tenant a request's blocks are charged to."""
+def tenant_label(req: "ReqContext | None") -> str | None:
+    """The tenant a request names (``ReqContext.tenant``, else
+    ``kv_transfer_params['tenant']``), or None; its salt does not count."""
+    if req is None:
+        return None
+    if req.tenant is not None:
+        return req.tenant or None
+    params = request_params(req.kv_transfer_params) or {}
+    return request_tenant_value(params.get("tenant")) or None
+
+
+def tenant_of(req: "ReqContext | None") -> str:
+    """The tenant a request's blocks are charged to: its label, else its ``cache_salt``."""
     if req is None:
         return DEFAULT_TENANT
-    tenant = request_tenant(req)
+    tenant = tenant_label(req)
     if tenant is None and req.cache_salt is not None:
         tenant = str(req.cache_salt)
     return tenant or DEFAULT_TENANT
+
+
+def tenant_key(key: bytes, scope: bytes) -> bytes:
+    """``key`` (an offload key: block hash + 4-byte group index) as tenant
+    scope ``scope`` stores it: the hash part replaced by a keyed BLAKE2b of
+    it (as long as it, at most 64 bytes), the group index kept. An empty
+    scope leaves the key as it is."""
+    if not scope:
+        return key
+    head = key[:-_GROUP_IDX_BYTES]
+    return hashlib.blake2b(head, digest_size=min(len(head), 64), key=scope).digest() + key[-_GROUP_IDX_BYTES:]
+
+
+def check_shared_tenants(raw: Any, where: str = "shared_tenants") -> dict[str, list[str]]:
+    """Validate a ``shared_tenants`` mapping (group -> tenants); ``ConfigError`` names the field."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where, f"must be a mapping of group name -> list of tenants, got {type_name(raw)}")
+    out: dict[str, list[str]] = {}
+    member_of: dict[str, str] = {}
+    for group, tenants in raw.items():
+        if not isinstance(group, str) or not group or len(group) > MAX_TENANT_NAME:
+            raise ConfigError(
+                where, f"group names must be non-empty strings of <= {MAX_TENANT_NAME} characters; got {group!r}"[:300]
+            )
+        field = f"{where}.{group}"
+        if not isinstance(tenants, (list, tuple)):
+            raise ConfigError(
+                field, f"must be a list of tenant names (or ['*']: every tenant), got {type_name(tenants)}"
+            )
+        names = list(tenants)
+        if names == [EVERY_TENANT]:
+            pass
+        elif EVERY_TENANT in names:
+            raise ConfigError(field, "'*' (every tenant not in another group) must be the group's only entry")
+        elif len(names) < 2:
+            raise ConfigError(field, f"a group shares between >= 2 tenants (or is ['*']); got {names!r}")
+        for t in names:
+            if not isinstance(t, str) or not t or len(t) > MAX_TENANT_NAME:
+                raise ConfigError(
+                    field, f"tenant names must be non-empty strings of <= {MAX_TENANT_NAME} characters; got {t!r}"[:300]
+                )
+            if t in member_of:
+                raise ConfigError(
+                    field, f"tenant {t!r} is already in group {member_of[t]!r}; a tenant shares within one group"
+                )
+            member_of[t] = group
+        out[group] = names
+    return out
+
+
+class TenantSharing:
+    """Which key scope each tenant's blocks live in (``shared_tenants`` of the namespace config).
+
+    ``scope(req)`` is b"" (plain keys) for requests that name no tenant and
+    for tenants in a ``['*']`` group; a 32-byte key naming the tenant's group,
+    else the tenant itself, otherwise.
+    """
+
+    def __init__(self, groups: Mapping[str, list[str]] | None = None) -> None:
+        self.groups = check_shared_tenants(dict(groups or {}))
+        self._group_of = {t: g for g, ts in self.groups.items() for t in ts}
+        self._everyone = EVERY_TENANT in self._group_of
+        self._scopes: dict[str, bytes] = {}
+
+    def scope_of_tenant(self, tenant: str | None) -> bytes:
+        if not tenant:
+            return b""
+        scope = self._scopes.get(tenant)
+        if scope is None:
+            group = self._group_of.get(tenant)
+            if group is None and self._everyone:
+                scope = b""
+            else:
+                name = b"group\0" + group.encode() if group is not None else b"tenant\0" + tenant.encode()
+                scope = hashlib.blake2b(name, digest_size=32, person=b"raykv-tenant").digest()
+            if len(self._scopes) >= 65536:
+                self._scopes.clear()
+            self._scopes[tenant] = scope
+        return scope
+
+    def scope(self, req: "ReqContext | None") -> bytes:
+        """The key scope of ``req``'s blocks (b"": plain keys)."""
+        return self.scope_of_tenant(tenant_label(req))
+
+    def shares(self, a: str | None, b: str | None) -> bool:
+        """Whether tenants ``a`` and ``b`` see each other's blocks."""
+        return self.scope_of_tenant(a) == self.scope_of_tenant(b)
+
+
+#: Every named tenant isolated (no ``shared_tenants``).
+ISOLATED = TenantSharing()
 
 
 def check_quotas(value: Any) -> str | None:

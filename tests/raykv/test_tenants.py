@@ -12,11 +12,13 @@ from raykv.contract import LookupResult, ReqContext
 from raykv.factory import TierFactory
 from raykv.primary import PrimaryRegion
 from raykv.status import collect_status, format_status
-from raykv.tenants import TenantLRU, tenant_of
+from raykv.tenants import TenantLRU, TenantSharing, tenant_key, tenant_label, tenant_of
 from raykv.tier_driver import TierDriver
 
 BLOCK = 64 * 1024
 NS = "raykv-tenants-test"
+#: The test namespace's opt-in: tenant-c and tenant-d share; every other tenant is isolated.
+SHARED = {"team-cd": ["tenant-c", "tenant-d"]}
 
 
 def test_tenant_of_request() -> None:
@@ -24,6 +26,52 @@ def test_tenant_of_request() -> None:
     assert tenant_of(ReqContext("r", kv_transfer_params={"tenant": "b"})) == "b"
     assert tenant_of(ReqContext("r", cache_salt="salt-c")) == "salt-c"
     assert tenant_of(ReqContext("r")) == "" and tenant_of(None) == ""
+
+
+def test_tenant_label_is_not_the_salt() -> None:
+    assert tenant_label(ReqContext("r", kv_transfer_params={"tenant": "b"}, cache_salt="s")) == "b"
+    assert tenant_label(ReqContext("r", cache_salt="s")) is None
+    assert tenant_label(ReqContext("r", kv_transfer_params={"tenant": ""})) is None
+
+
+def test_tenant_scopes_keys_unless_shared() -> None:
+    key = raykv.prefix_keys(list(range(32)), 16)[1]
+    isolated = TenantSharing()
+    a, b, none = (
+        isolated.scope(ReqContext("r", kv_transfer_params=p)) for p in ({"tenant": "a"}, {"tenant": "b"}, None)
+    )
+    assert none == b"" and tenant_key(key, none) == key  # no tenant: plain keys (and salted requests too)
+    assert len({tenant_key(key, a), tenant_key(key, b), key}) == 3  # each tenant its own key
+    assert len(tenant_key(key, a)) == len(key) and tenant_key(key, a)[-4:] == key[-4:]  # same shape, group kept
+    assert isolated.scope(ReqContext("r", tenant="a")) == a  # ReqContext.tenant names the same tenant
+    long_key = b"\x07" * 252 + key[-4:]  # the longest key raykv accepts
+    assert len(tenant_key(long_key, a)) == 68
+    groups = TenantSharing({"team": ["a", "b"], "other": ["c", "d"]})
+    assert groups.shares("a", "b") and groups.shares("c", "d")
+    assert not groups.shares("a", "c") and not groups.shares("a", "x") and not groups.shares("a", None)
+    assert not groups.shares("x", "y")  # tenants in no group stay isolated
+    public = TenantSharing({"team": ["a", "b"], "public": ["*"]})
+    assert public.shares("x", "y") and public.shares("x", None) and not public.shares("a", "x")
+
+
+@pytest.mark.parametrize(
+    "shared, field, words",
+    [
+        (["a", "b"], "shared_tenants", "must be dict"),
+        ({"g": "a,b"}, "shared_tenants.g", "must be a list of tenant names"),
+        ({"g": ["a"]}, "shared_tenants.g", ">= 2 tenants"),
+        ({"g": ["a", ""]}, "shared_tenants.g", "non-empty strings"),
+        ({"g": ["a", 3]}, "shared_tenants.g", "non-empty strings"),
+        ({"g": ["a", "*"]}, "shared_tenants.g", "only entry"),
+        ({"g": ["a", "b"], "h": ["b", "c"]}, "shared_tenants.h", "already in group 'g'"),
+        ({"": ["a", "b"]}, "shared_tenants", "group names"),
+    ],
+)
+def test_bad_shared_tenants_name_the_field(shared, field, words) -> None:
+    with pytest.raises(ConfigError) as e:
+        RaykvConfig.from_dict({"shared_tenants": shared})
+    assert e.value.field == field and words in str(e.value), str(e.value)
+    RaykvConfig.from_dict({"shared_tenants": {"g": ["a", "b"], "all": ["*"]}})
 
 
 def test_victims_respect_other_tenants_quotas() -> None:
@@ -157,3 +205,52 @@ def test_without_quotas_the_burst_evicts_the_other_tenant(services, tmp_path_fac
         tier.shutdown()
     finally:
         region.close()
+
+
+@pytest.fixture(scope="module")
+def sharing_services(ray_local):
+    """A namespace whose config opts tenant-c and tenant-d into sharing."""
+    svc = raykv.start({"namespace": NS + "-sharing", "directory_shards": 1, "shared_tenants": SHARED})
+    yield svc
+    svc.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["object_store", "fs", "example"])
+def test_tenants_named_by_kv_transfer_params_share_only_by_opt_in(sharing_services, tmp_path_factory, kind) -> None:
+    """The same prompt stored for tenant-a: tenant-b (and a request naming no
+    tenant) miss it and cannot load it; tenant-c's blocks do reach tenant-d,
+    the pair the namespace's shared_tenants opts in."""
+    cfg: dict = {"type": kind}
+    if kind == "fs":
+        cfg.update(root=str(tmp_path_factory.mktemp("fs-root-isolation")), fsync=False)
+    elif kind == "object_store":
+        cfg.update(namespace=NS + "-sharing")
+    services = sharing_services
+    keys = raykv.prefix_keys(list(range(7000, 7000 + 16 * 6)), 16)  # no salt: only the tenant label differs
+    with PrimaryRegion(16, BLOCK) as region:
+        region.array[:6] = np.arange(6, dtype=np.uint8)[:, None] + 1
+        tier = TierFactory.create_tier(cfg, region.view, services=services)
+        if kind == "example":  # a process-local tier: no services, so the opt-in is handed to it
+            tier.tenant_sharing = TenantSharing(SHARED)
+        try:
+            drivers = {}
+            for t in ("tenant-a", "tenant-b", "tenant-c", "tenant-d", None):
+                drivers[t] = TierDriver(tier, f"req-{t}")
+                drivers[t].req = ReqContext(f"req-{t}", kv_transfer_params={"tenant": t} if t else None)
+            assert drivers["tenant-a"].store(keys, list(range(6))).success
+            assert drivers["tenant-c"].store(keys, list(range(6))).success
+            hit, miss = [LookupResult.HIT] * 6, [LookupResult.MISS] * 6
+            assert drivers["tenant-a"].lookup(keys) == hit  # the test can tell a hit from a miss
+            assert drivers["tenant-b"].lookup(keys) == miss
+            assert drivers[None].lookup(keys) == miss
+            res = drivers["tenant-b"].load(keys, list(range(8, 14)))
+            assert not res.success and not res.successful_keys and not region.array[8:14].any()
+            assert drivers["tenant-d"].lookup(keys) == hit  # opted in: c's blocks
+            assert drivers["tenant-d"].load(keys, list(range(8, 14))).success
+            assert (region.array[8:14] == region.array[:6]).all()
+            if kind != "example":  # the directory lists a's and c's copies, each under its own keys
+                held = services.directory.prefix_lookup([tier.scope(k, drivers["tenant-a"].req) for k in keys]).num_keys
+                assert held == 6
+                assert services.directory.prefix_lookup([tier.scope(k) for k in keys]).num_keys == 0
+        finally:
+            tier.shutdown()

@@ -67,7 +67,7 @@ class ExampleTier(SecondaryTier):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         with self._lock:
-            return LookupResult.HIT if self.scope(bytes(key)) in self._blocks else LookupResult.MISS
+            return LookupResult.HIT if self.scope(bytes(key), req_context) in self._blocks else LookupResult.MISS
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit("store", job)
@@ -90,7 +90,8 @@ class ExampleTier(SecondaryTier):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         with self._lock:
-            for k in map(self.scope, map(bytes, keys)):
+            scope = self.key_scope(req_context)
+            for k in (self.scope(bytes(key), scope=scope) for key in keys):
                 if k in self._blocks:
                     self._blocks.move_to_end(k)
 
@@ -115,7 +116,8 @@ class ExampleTier(SecondaryTier):
     def _store(self, job: TransferJob) -> None:
         cap = self.options.capacity_blocks
         with self._lock:
-            for key, chunk in zip(map(self.scope, map(bytes, job.keys)), job.chunk_ids):
+            scope = self.key_scope(job.req_context)
+            for key, chunk in zip((self.scope(bytes(k), scope=scope) for k in job.keys), job.chunk_ids):
                 if key not in self._blocks:
                     self._blocks[key] = self._primary[chunk].copy()
                 self._blocks.move_to_end(key)
@@ -125,9 +127,10 @@ class ExampleTier(SecondaryTier):
 
     def _load(self, job: TransferJob) -> None:
         loaded: list[OffloadKey] = []
+        scope = self.key_scope(job.req_context)
         with self._lock:
             for key, chunk in zip(job.keys, job.chunk_ids):
-                block = self._blocks.get(self.scope(bytes(key)))
+                block = self._blocks.get(self.scope(bytes(key), scope=scope))
                 if block is not None:
                     self._primary[chunk] = block
                     loaded.append(key)

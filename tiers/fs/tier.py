@@ -311,7 +311,8 @@ class FsTier(DirectoryBackedTier):
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         if keys and not self._closed:
-            self._control.touch([self.key_tag + bytes(k) for k in keys])
+            scope = self.key_scope(req_context)
+            self._control.touch([self.scope(bytes(k), scope=scope) for k in keys])
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit(job, store=True)

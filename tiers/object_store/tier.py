@@ -183,7 +183,8 @@ class ObjectStoreTier(ActorCallTier):
         """Queued; sent to the node's actor once per step (``on_schedule_end``)."""
         if keys and not self._closed:
             with self._lock:
-                self._touches.update(dict.fromkeys(self.key_tag + bytes(k) for k in keys))
+                scope = self.key_scope(req_context)
+                self._touches.update(dict.fromkeys(self.scope(bytes(k), scope=scope) for k in keys))
 
     def on_schedule_end(self) -> None:
         super().on_schedule_end()

@@ -99,3 +99,60 @@ def request_key_positions(ctx: Any) -> dict | None:
     is the one private field raykv reads; it is only a lookup hint."""
     positions = getattr(ctx, "_offload_key_positions", None)
     return positions if isinstance(positions, dict) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSalt:
+    """A request's ``cache_salt``, kept in its vLLM ``ReqContext`` state
+    (``carry_cache_salt``) where the release's ``ReqContext`` has no field for it."""
+
+    value: str
+
+
+#: The vLLM module that builds each request's ``ReqContext`` from its ``Request``.
+_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+
+
+def carry_cache_salt() -> bool:
+    """Make the request's ``cache_salt`` reach the tiers (``request_salt``).
+
+    vLLM 0.29-0.33 build a tier's ``ReqContext`` from the request's id and
+    ``kv_transfer_params`` only (``_create_req_context``), so a tier never
+    learns the salt and a salted tenant's blocks would be charged to the
+    default tenant. This wraps that function, in this (scheduler) process,
+    to keep the salt in the context's state. Idempotent; False when this
+    release has no such function (salted tenants then count as the default
+    tenant: name them with ``kv_transfer_params['tenant']``)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(_SCHEDULER_MODULE)
+    except ImportError:
+        return False
+    create = getattr(module, "_create_req_context", None)
+    if create is None:
+        return False
+    if getattr(create, "_raykv_carries_salt", False):
+        return True
+
+    def create_req_context(req: Any) -> Any:
+        ctx = create(req)
+        salt = getattr(req, "cache_salt", None)
+        if salt is not None and getattr(ctx, "cache_salt", None) is None and hasattr(ctx, "set_state"):
+            ctx.set_state(RequestSalt(str(salt)))
+        return ctx
+
+    create_req_context._raykv_carries_salt = True  # type: ignore[attr-defined]
+    create_req_context.__wrapped__ = create  # type: ignore[attr-defined]
+    module._create_req_context = create_req_context
+    return True
+
+
+def request_salt(ctx: Any) -> str | None:
+    """A vLLM ``ReqContext``'s ``cache_salt``: its own field where the release
+    has one, else what ``carry_cache_salt`` kept in its state."""
+    salt = getattr(ctx, "cache_salt", None)
+    if salt is None and hasattr(ctx, "get_state"):
+        kept = ctx.get_state(RequestSalt)
+        salt = kept.value if kept is not None else None
+    return str(salt) if salt is not None else None

@@ -76,23 +76,24 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     """raykv's view of a vLLM request; made once per request and kept in the
     request's state (vLLM's public ``get_state`` / ``set_state``).
 
-    The tenant comes from ``kv_transfer_params["tenant"]``; vLLM already
-    mixes the request's ``cache_salt`` into its block hashes (so keys differ
-    per tenant without raykv's help). Odd ``kv_transfer_params`` (not a dict)
-    are treated as none.
+    The tenant comes from ``kv_transfer_params["tenant"]`` (it scopes the
+    request's keys: ``raykv.tenants``), else from the request's ``cache_salt``
+    (vLLM mixes it into its block hashes already; it reaches the tier through
+    ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). Odd
+    ``kv_transfer_params`` (not a dict) are treated as none.
     """
     cached = ctx.get_state(contract.ReqContext)
     if cached is not None:
         return cached
     params = request_params(ctx.kv_transfer_params)  # a mapping or None, whatever the request sent
-    salt = getattr(ctx, "cache_salt", None)  # not on vLLM 0.32's ReqContext; used where a version has it
+    salt = compat.request_salt(ctx)
     positions = compat.request_key_positions(ctx)
     out = contract.ReqContext(
         req_id=ctx.req_id,
         kv_transfer_params=params,
         tenant=request_tenant_value(params.get("tenant")) if params else None,
         prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
-        cache_salt=str(salt) if salt is not None else None,
+        cache_salt=salt,
     )
     ctx.set_state(out)
     return out
@@ -134,6 +135,10 @@ class RaykvTier(SecondaryTierManager):
         kv_events = options.pop("kv_events", None)
         engine_cache = options.pop("engine_cache", True)
         ensure_ray(options.pop("ray_address", None) or os.environ.get("RAY_ADDRESS"))
+        if not compat.carry_cache_salt():
+            logger.warning(
+                "vLLM %s: request cache_salt does not reach raykv tiers (quotas by salt off)", compat.version()
+            )
         self.identity: KVIdentity = (
             KVIdentity.from_dict(explicit, f"secondary_tiers[{tier_type}].identity")
             if explicit is not None
