@@ -95,6 +95,13 @@ _SPECS = (
         ACTOR_TAGS,
     ),
     MetricSpec("raykv_tier_removed_blocks", COUNTER, "blocks dropped as corrupt or missing", ACTOR_TAGS),
+    MetricSpec(
+        "raykv_tier_removed_files",
+        COUNTER,
+        "block files removed by reason (corrupt, missing, unreadable, misnamed); each is logged with its key "
+        "and path (raykv.incidents)",
+        (*ACTOR_TAGS, "reason"),
+    ),
     MetricSpec("raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS),
     # -- request routers (raykv.serve.router), per Serve deployment
     MetricSpec(

@@ -24,6 +24,7 @@ import ray
 
 from raykv import naming
 from raykv.holder_actor import HolderActor, runs_to_end
+from raykv.incidents import Removal, RemovalLog
 from raykv.placement import SHARED, HolderInfo
 from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
 from raykv.units import fmt_bytes
@@ -79,6 +80,8 @@ class FsRootActor(HolderActor):
             )
         )
         self.removed_reasons: dict[str, int] = {}
+        #: Every removed file counted (by reason) and logged with its key and path.
+        self.removals = RemovalLog(f"fs root {root}", self._metrics.tags)
         self.scanned = 0
         self._tmp_max_age_s = tmp_max_age_s
 
@@ -86,6 +89,9 @@ class FsRootActor(HolderActor):
         """Scan the root and register every block file found (oldest first in LRU)."""
         t0 = time.monotonic()
         entries = await asyncio.to_thread(self.storage.scan, self._tmp_max_age_s)
+        for reason, found in self.storage.scan_removals().items():
+            self.removed_reasons[reason] = self.removed_reasons.get(reason, 0) + len(found)
+            self.removals.note(reason, found)
         for e in sorted(entries, key=lambda e: e.mtime):  # oldest first: mtime stands in for last use
             if e.key not in self._index:
                 self._index[e.key] = e.size
@@ -238,20 +244,26 @@ class FsRootActor(HolderActor):
         self._tenants.touch(keys)
 
     @runs_to_end
-    async def remove(self, keys: Sequence[bytes], reason: str = "removed") -> int:
+    async def remove(self, keys: Sequence[bytes], reason: str = "removed", details: Sequence[str] = ()) -> int:
         """Forget keys (corrupt or missing files): unregister and delete them.
 
         For ``reason="missing"`` the files are looked up here first and keys
         whose file this actor does see are kept: one engine's view of shared
         storage can lag (NFS caches negative lookups), and a second opinion
-        costs a stat.
+        costs a stat. Each file this removes from the index is counted
+        (``raykv_tier_removed_files``) and logged with its key, path and
+        ``details`` (what the engine found wrong, per key).
         """
         await self._started
+        why = dict(zip(keys, details))
         keys = list(dict.fromkeys(keys))
         if reason == "missing":
             sizes = await asyncio.to_thread(lambda: [self.storage.existing_size(k) for k in keys])
             keys = [k for k, size in zip(keys, sizes) if size is None]
         dropped = self._drop(keys)
+        self.removals.note(
+            reason, [Removal(k.hex(), self.storage.path_of(k), str(why.get(k, ""))[:200]) for k in dropped]
+        )
         self.counters["removed"] += len(dropped)
         self.removed_reasons[reason] = self.removed_reasons.get(reason, 0) + len(keys)
         await self._unregister(keys)
@@ -294,5 +306,6 @@ class FsRootActor(HolderActor):
             "tenant_quotas": dict(self._tenants.quotas),
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
+            "removed_files_logged": dict(self.removals.totals),
             **self.counters,
         }

@@ -107,6 +107,18 @@ class Storage(ABC):
         self.algo = algo  # checksum algorithm of the files this process writes
         self._dirs_lock = threading.Lock()
         self._known_dirs: set[str] = set()
+        self._scan_removed: dict[str, list[Any]] = {}
+
+    def note_scan_removal(self, reason: str, path: str, key: bytes | None, detail: str) -> None:
+        """A block file ``scan`` removed (``scan_removals``)."""
+        from raykv.incidents import Removal
+
+        self._scan_removed.setdefault(reason, []).append(Removal(key.hex() if key else "?", path, detail[:200]))
+
+    def scan_removals(self) -> dict[str, list[Any]]:
+        """Block files the last ``scan`` removed, by reason (``raykv.incidents.Removal``s); cleared by the call."""
+        out, self._scan_removed = self._scan_removed, {}
+        return out
 
     @abstractmethod
     def ensure_root(self) -> None:
@@ -317,11 +329,12 @@ def _scan_entry(
         try:
             key = storage.read_key(path)
         except (OSError, ValueError) as e:
-            logger.warning("scan: unreadable block file %s (%r): removing", path, e)
             storage.delete_path(path)
+            storage.note_scan_removal("unreadable", path, None, repr(e))
             return
         if fmt.file_name(key) != name:
             storage.delete_path(path)
+            storage.note_scan_removal("misnamed", path, key, f"its header names another key, file {name}")
             return
     if key is None:
         return

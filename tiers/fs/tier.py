@@ -35,6 +35,7 @@ from raykv.cluster import RaykvServices
 from raykv.config import ConfigError, namespace_option, opt
 from raykv.contract import ReqContext, TransferJob
 from raykv.identity import KVIdentity
+from raykv.incidents import Removal, RemovalLog
 from raykv.keys import OffloadKey
 from raykv.placement import SHARED, HolderInfo
 from raykv.polling import ActorLiveness
@@ -110,7 +111,8 @@ class _Job:
 
 
 def _summary(job: _Job, idx: list[int], what: str) -> str:
-    parts = [f"{job.keys[i].hex()[:12]}: {job.outcomes[i][0]} ({job.outcomes[i][1]})" for i in idx[:3]]
+    # Name each key by its own bytes (a scoped key opens with the identity tag, the same for all).
+    parts = [f"{job.keys[i][fmt.TAG_BYTES :].hex()[:12]}: {job.outcomes[i][0]} ({job.outcomes[i][1]})" for i in idx[:3]]
     more = f"; +{len(idx) - 3} more" if len(idx) > 3 else ""
     return f"{len(idx)} of {len(job.keys)} keys {what}: " + "; ".join(parts) + more
 
@@ -206,12 +208,16 @@ class _Controller:
                         verify.append(job.keys[i])
             commit_ref = self._call(lambda: self.actor.commit.remote(keys, sizes, verify, tenants))
         if removes:
-            by_reason: dict[str, list[bytes]] = {}
+            by_reason: dict[str, tuple[list[bytes], list[str]]] = {}
             for job, idx in removes:
                 for i in idx:
-                    by_reason.setdefault(job.outcomes[i][0], []).append(job.keys[i])
+                    kind, detail = job.outcomes[i]
+                    keys_of, details_of = by_reason.setdefault(kind, ([], []))
+                    keys_of.append(job.keys[i])
+                    details_of.append(str(detail))
             remove_refs = [
-                self._call(lambda r=r, ks=ks: self.actor.remove.remote(ks, r)) for r, ks in by_reason.items()
+                self._call(lambda r=r, ks=ks, ds=ds: self.actor.remove.remote(ks, r, ds))
+                for r, (ks, ds) in by_reason.items()
             ]
         if commits:
             result, err = self._get(commit_ref)
@@ -279,6 +285,10 @@ class FsTier(DirectoryBackedTier):
         self._pool = io_pool.IoPool(options.io_threads, name="raykv-fs-io")
         self._control = _Controller(self)
         self.liveness = self._control.liveness
+        #: Files this engine removed itself (when the root actor could not), counted and logged.
+        self.removals = RemovalLog(
+            f"fs root {self.root} (engine side)", {**self.metrics.tags, "holder": self.holder_id}
+        )
 
     # -- services ------------------------------------------------------------
     @classmethod
@@ -433,9 +443,17 @@ class FsTier(DirectoryBackedTier):
             self._finish_load_failure(state, bad, None)
 
     def _finish_load_failure(self, state: _Job, bad: list[int], err: str | None) -> None:
-        corrupt = [state.keys[i] for i in bad if state.outcomes[i][0] == "corrupt"]
+        corrupt = [i for i in bad if state.outcomes[i][0] == "corrupt"]
         if err is not None and corrupt:
-            self.storage.delete(corrupt)  # the actor could not: do it ourselves
+            keys = [state.keys[i] for i in corrupt]
+            self.storage.delete(keys)  # the actor could not: do it ourselves (and say so)
+            self.removals.note(
+                "corrupt",
+                [
+                    Removal(k.hex(), self.storage.path_of(k), str(state.outcomes[i][1])[:200])
+                    for k, i in zip(keys, corrupt)
+                ],
+            )
         ok = state.with_kind("ok")
         orig = list(state.job.keys)
         failed = [i for i in range(len(state.keys)) if state.outcomes[i][0] != "ok"]
@@ -458,6 +476,7 @@ class FsTier(DirectoryBackedTier):
         self._pool.shutdown(wait=True)  # queued tasks are cancelled into failed results
         self._slots = np.empty((0, 0), np.uint8)  # let go of the primary region
         self._control.close()
+        self.removals.close()
         for job in self.jobs.pending():
             self.jobs.fail(job, "fs tier shut down")
 

@@ -72,6 +72,30 @@ def test_scan_removes_stale_temp_files_only(tmp_path):
     assert not os.path.exists(stale) and os.path.exists(fresh)
 
 
+def test_scan_reports_every_block_file_it_removes(tmp_path):
+    """Unreadable and misnamed hashed-name files go at scan, each reported with its path
+    (the root actor counts and logs them: raykv.incidents)."""
+    st = LocalStorage(str(tmp_path / "kv"))
+    st.ensure_root()
+    long_key = bytes(8) + bytes(range(200))  # over MAX_HEX_NAME_KEY: a hashed name
+    other = bytes(8) + bytes(range(1, 201))
+    st.store(long_key, memoryview(bytearray(BLOCK)), fsync=False)
+    d = os.path.dirname(st.path_of(long_key))
+    garbage = [os.path.join(d, f"h{i:064x}.kv") for i in range(3)]
+    for p in garbage:
+        with open(p, "wb") as f:
+            f.write(b"not a block file")
+    st.store(other, memoryview(bytearray(BLOCK)), fsync=False)
+    misnamed = os.path.join(d, "h" + "f" * 64 + ".kv")
+    os.rename(st.path_of(other), misnamed)
+    assert [e.key for e in st.scan()] == [long_key]
+    removed = st.scan_removals()
+    assert sorted(r.path for r in removed["unreadable"]) == sorted(garbage)
+    assert [r.path for r in removed["misnamed"]] == [misnamed] and removed["misnamed"][0].key == other.hex()
+    assert not any(os.path.exists(p) for p in [*garbage, misnamed])
+    assert st.scan_removals() == {}
+
+
 def test_local_files_are_owner_only(tmp_path):
     st = LocalStorage(str(tmp_path / "kv"))
     st.ensure_root()

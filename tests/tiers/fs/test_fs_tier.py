@@ -354,6 +354,52 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
         reader.shutdown()
 
 
+def _actor_log_lines(needle: str) -> list[str]:
+    """Lines naming ``needle`` in this Ray session's worker logs (the actors' stderr/stdout)."""
+    from pathlib import Path
+
+    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    out = []
+    for f in logs.glob("worker-*"):
+        try:
+            out += [line for line in f.read_text(errors="replace").splitlines() if needle in line]
+        except OSError:
+            pass
+    return out
+
+
+def test_every_removed_corrupt_file_is_counted_and_named_in_the_log(raykv_services, tmp_path):
+    """Seven files corrupted at once, loaded in one job: the root actor counts seven removals
+    and its log names each file's key and path (at once, or in the period's summary)."""
+    root = tmp_path / "kv-incidents"
+    keys = _keys(7)
+    with PrimaryRegion(7, BLOCK) as src:
+        _fill(src, 11)
+        tier = _tier(raykv_services, root, src.view, fsync=False)
+        assert TierDriver(tier).store(keys, list(range(7))).success
+        paths = [_path(root, k) for k in keys]
+        for p in paths:
+            with open(p, "r+b") as f:
+                f.seek(-8, os.SEEK_END)
+                f.write(b"\xff" * 8)
+        res = TierDriver(tier).load(keys, list(range(7)))
+        assert not res.success and not res.successful_keys
+        assert not any(os.path.exists(p) for p in paths)
+        stats = ray.get(tier.actor.stats.remote())
+        assert stats["removed_reasons"] == {"corrupt": 7} and stats["removed_files_logged"] == {"corrupt": 7}
+        scoped = scoped_keys(keys)
+        deadline = time.monotonic() + 30  # the first 10 at once; a summary would follow within 10 s
+        while True:
+            lines = _actor_log_lines(str(root))
+            named = [sum(k.hex() in line and p in line for line in lines) for k, p in zip(scoped, paths)]
+            if named == [1] * 7 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert named == [1] * 7, lines  # each file once, with its key and its path
+        assert all("corrupt" in line for line in lines), lines
+        tier.shutdown()
+
+
 # -- 6. root actor death ---------------------------------------------------------------
 def test_killed_root_actor_drops_entries_fast(raykv_services, tmp_path):
     root = tmp_path / "kv"
