@@ -7,7 +7,7 @@ A block file is a small header followed by the block's bytes::
     4       2     format version (1)
     6       1     payload checksum algorithm (1 crc32, 2 crc32c, 3 xxh3_64, 4 blake3/64)
     7       1     flags (0)
-    8       2     key length K (1..256)
+    8       2     key length K (1..264: an 8-byte identity tag + an offload key of up to 256)
     10      2     header length H (32 + K rounded up to a multiple of 64)
     12      4     header checksum (zlib.crc32 of bytes 0..12, 16..32 and the key)
     16      8     payload length N
@@ -53,7 +53,11 @@ VERSION = 1
 _FIXED = struct.Struct("<4sHBBHHIQQ")  # 32 bytes
 FIXED_SIZE = _FIXED.size
 ALIGN = 64
-MAX_KEY_BYTES = 256
+#: Bytes of a scoped key's identity tag (``raykv.identity.TAG_BYTES``).
+TAG_BYTES = 8
+#: Longest key a block file holds: an identity tag plus the longest offload key
+#: (``raykv.keys.MAX_KEY_BYTES``, 256).
+MAX_KEY_BYTES = TAG_BYTES + 256
 MAX_HEX_NAME_KEY = 100  # 200 hex chars + ".kv" stays well under NAME_MAX (255)
 SUFFIX = ".kv"
 TMP_SUFFIX = ".tmp"
@@ -209,8 +213,6 @@ def file_name(key: bytes) -> str:
     return "h" + hashlib.sha256(key).hexdigest() + SUFFIX
 
 
-#: Bytes of a scoped key's identity tag (``raykv.identity.TAG_BYTES``).
-TAG_BYTES = 8
 #: Hex digits of the per-identity fan-out directories.
 FAN_DIGITS = 3
 

@@ -354,6 +354,29 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
         reader.shutdown()
 
 
+def test_longest_valid_key_is_stored_and_loaded(raykv_services, tmp_path):
+    """A 256-byte offload key (the longest raykv.keys accepts) is 264 bytes with its identity
+    tag: its block file holds it, it loads back byte-exact, and a root rescan finds it."""
+    from raykv.keys import MAX_KEY_BYTES, make_offload_key
+
+    root = tmp_path / "kv-long-keys"
+    keys = [make_offload_key(bytes([i]) * (MAX_KEY_BYTES - 4), 0) for i in (1, 2)]
+    assert [len(k) for k in keys] == [256, 256] and len(scoped_keys(keys)[0]) == 264
+    with PrimaryRegion(4, BLOCK) as region:
+        _fill(region, 5)
+        region.array[2:] = 0
+        tier = _tier(raykv_services, root, region.view, fsync=False)
+        res = TierDriver(tier).store(keys, [0, 1])
+        assert res.success, res.error
+        assert all(os.path.exists(_path(root, k)) for k in keys)
+        assert tier.lookup_blocking(keys) == [LookupResult.HIT] * 2
+        assert TierDriver(tier).load(keys, [2, 3]).success
+        assert np.array_equal(region.array[:2], region.array[2:4])
+        found = {e.key for e in tier.storage.scan()}
+        assert set(scoped_keys(keys)) <= found
+        tier.shutdown()
+
+
 def _actor_log_lines(needle: str) -> list[str]:
     """Lines naming ``needle`` in this Ray session's worker logs (the actors' stderr/stdout)."""
     from pathlib import Path
