@@ -167,9 +167,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
-    sp.add_argument("--model", help="model path (default: a tiny local model, built once and cached)")
+    sp.add_argument(
+        "--model", help="model path (default: the local bench model, prefill priced like a real model's; cached)"
+    )
+    sp.add_argument("--tiny", action="store_true", help="use the tiny local model (fast; prefill nearly free)")
     sp.add_argument(
         "--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)"
+    )
+    sp.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="sessions in flight, each turn sent as soon as the last answered (default: one per replica); "
+        "0: one request at a time, waiting for its offloads",
     )
     sp.add_argument("--sessions", type=_positive_int, default=5, help="conversations in the workload (default 5)")
     sp.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")

@@ -4,6 +4,9 @@ One replica per simulated node of an embedded Ray (``ray.cluster_utils.Cluster``
 each with a small engine KV cache, serves the same multi-turn shared-prefix
 trace (``raykv.demo.workload``) under each configuration:
 
+- ``engine_hit``: the floor no external cache can beat: each request's
+  cacheable prefix (what the oracle would hit) is put in the serving engine's
+  own prefix cache first, untimed;
 - ``no_offload``: vLLM's own prefix cache only;
 - ``cpu_offload``: plus vLLM's per-replica CPU offload (what each replica remembers);
 - ``vllm_fs``: plus vLLM's own ``fs`` tier on one shared root (its cross-replica option);
@@ -11,11 +14,19 @@ trace (``raykv.demo.workload``) under each configuration:
 - ``raykv_no_wait``: the same, a request's first lookup never waiting for the directory;
 - ``raykv_fs``: raykv with the shared fs root only (the storage ``vllm_fs`` has).
 
-For each: prefix hit rate (cached / prompt tokens), TTFT p50/p99 (one output
-token, requests sent one at a time) and prompt tokens/s; the oracle is one
-unbounded cache shared by all replicas. The TTFT speed-up on hits compares,
-request by request, the requests where raykv hit >= 1k prefix tokens with
-the same requests under ``no_offload`` (recompute).
+Traffic does not wait for offloads: ``--concurrency`` sessions are in flight
+(default one per replica), each turn sent as soon as the session's previous
+turn answered (``raykv.demo.replicas.send_sessions``); ``--concurrency 0``
+sends one request at a time and waits for its offloads. CPU primaries are
+sized as a deployment sizes them (``deployment_primary_chunks``). The model
+is the bench model (prefill priced like a real model's) unless ``--model``.
+
+For each: prefix hit rate (cached / prompt tokens) and its share of the
+oracle's (one unbounded cache shared by all replicas), TTFT p50/p99 (one
+output token, from arrival at the replica) and prompt tokens/s; raykv's TTFT
+as a ratio to the ``engine_hit`` floor, to ``no_offload`` and to ``vllm_fs``.
+The TTFT speed-up on hits compares, request by request, the requests where
+raykv hit >= 1k prefix tokens with the same requests under ``no_offload``.
 """
 
 from __future__ import annotations
@@ -26,17 +37,24 @@ import tempfile
 import time
 from typing import Any
 
-from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.bench.common import machine, percentile, ratio, table, target, targets_table
 from raykv.bench.cpu import cpu_by_role, cpu_delta
-from raykv.demo.replicas import BLOCK_TOKENS, chunk_bytes, engine_kwargs, run_trace, start_local_cluster
-from raykv.demo.workload import build_trace, model_len_for, oracle_hit_tokens
+from raykv.demo.replicas import (
+    BLOCK_TOKENS,
+    chunk_bytes,
+    deployment_primary_chunks,
+    engine_kwargs,
+    run_trace,
+    start_local_cluster,
+)
+from raykv.demo.workload import build_trace, model_len_for, oracle_hits
 
 HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no offload, CPU offload, vLLM fs, raykv"
 
 NAMESPACE = "raykv-bench-e2e"
 ENGINE_BLOCKS = 16
-PRIMARY_CHUNKS = 96
-CONFIGS = ("no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait", "raykv_fs")
+PRIMARY_CHUNKS = deployment_primary_chunks(ENGINE_BLOCKS)
+CONFIGS = ("engine_hit", "no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait", "raykv_fs")
 #: raykv's configs: its defaults; ``lookup_wait_ms=0`` (a request's first
 #: lookup never waits for the directory: its answers come one step later); and
 #: the fs tier alone (each block stored once, as under ``vllm_fs``).
@@ -55,7 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=4, help="vLLM replicas, one per simulated node (default 4)")
     p.add_argument("--sessions", type=int, default=7, help="conversations (default 7; keep it coprime to replicas)")
     p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
-    p.add_argument("--model", help="model path (default: the tiny local model)")
+    p.add_argument("--model", help="model path (default: the local bench model; --tiny for the tiny one)")
+    p.add_argument("--tiny", action="store_true", help="the tiny local model (fast; prefill nearly free)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="sessions in flight, no wait for offloads (default: one per replica); 0: one request at a time, "
+        "each waiting for the last one's offloads",
+    )
     p.add_argument(
         "--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}"
     )
@@ -65,7 +91,7 @@ def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
     from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config
 
     cpu = PRIMARY_CHUNKS * chunk
-    if name == "no_offload":
+    if name in ("no_offload", "engine_hit"):
         return None
     if name == "cpu_offload":
         return kv_transfer_config([], cpu_bytes=cpu)
@@ -92,7 +118,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
     import raykv
-    from raykv.demo.tiny_model import MODEL_NAME, build_tiny_model
+    from raykv.demo.tiny_model import BENCH_MODEL_NAME, MODEL_NAME, build_bench_model, build_tiny_model
     from raykv.integrations.vllm import require_vllm
 
     require_vllm()
@@ -102,8 +128,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     unknown = set(configs) - set(CONFIGS)
     if unknown:
         raise ValueError(f"--configs: unknown {sorted(unknown)}; allowed: {', '.join(CONFIGS)}")
-    model = args.model or build_tiny_model()
+    tiny = getattr(args, "tiny", False)
+    model = args.model or (build_tiny_model() if tiny else build_bench_model())
+    model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)
+    concurrency = getattr(args, "concurrency", None)
+    in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
+    oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
     kw = engine_kwargs(model_len_for(trace, BLOCK_TOKENS), ENGINE_BLOCKS)
     chunk = chunk_bytes(model)
@@ -121,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ours = name in RAYKV_SETTINGS
                 services = raykv.start(_raykv_config(name, root)) if ours else None
                 t0 = time.perf_counter()
-                then = _TraceCpu(_lookups_then_probe if ours else (_probe_only if name == "vllm_fs" else None))
+                then = _TraceCpu(_after_trace(name))
                 results, after = run_trace(
                     name,
                     nodes,
@@ -132,6 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     progress,
                     after=then.after,
                     before=then.before,
+                    concurrency=in_flight,
+                    warm_prefix=oracle_per_request if name == "engine_hit" else None,
                 )
                 cpu[name] = after.pop("cpu")
                 if "probe" in after:
@@ -162,12 +195,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.close()
         ray.shutdown()
         cluster.shutdown()
-    oracle = oracle_hit_tokens(trace, BLOCK_TOKENS)
+    oracle = sum(oracle_per_request)
     result: dict[str, Any] = {
         "benchmark": "e2e",
         "machine": info,
-        "model": MODEL_NAME if args.model is None else args.model,
+        "model": model_name,
         "replicas": args.replicas,
+        "sessions_in_flight": in_flight,
+        "primary_chunks": PRIMARY_CHUNKS,
+        "engine_blocks": ENGINE_BLOCKS,
         "requests": len(trace),
         "prompt_tokens": prompt_tokens,
         "oracle_hit_tokens": oracle,
@@ -178,6 +214,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result["hit_speedup"] = _hit_speedup(raw)
     result["prefix_probe"] = next((probes[n] for n in RAYKV_SETTINGS if n in probes), None)
     result["prefix_probes"] = probes
+    result["floor_ratio"] = _floor_ratio(raw, per_config, probes)
     result["raykv_lookups"] = lookups
     result["trace_cpu_s"] = cpu
     result["targets"] = _targets(result)
@@ -203,6 +240,19 @@ class _TraceCpu:
         return out
 
 
+def _after_trace(name: str) -> Any:
+    """What runs after config ``name``'s trace: raykv's lookup counts and the
+    1k-prefix probe (raykv configs), the probe alone (``vllm_fs``), the probe
+    on one replica (``engine_hit``: the prefix from the engine's own cache)."""
+    if name in RAYKV_SETTINGS:
+        return _lookups_then_probe
+    if name == "vllm_fs":
+        return lambda replicas: {"probe": _prefix_probe(replicas)}
+    if name == "engine_hit":
+        return lambda replicas: {"probe": _prefix_probe(replicas, same_replica=True)}
+    return None
+
+
 def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
     """After a raykv config's trace: its tiers' lookup answers (HIT / MISS /
     RETRY, summed over replicas), then the 1k-prefix probe."""
@@ -221,14 +271,11 @@ def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
     return {"lookups": totals, "probe": _prefix_probe(replicas)}
 
 
-def _probe_only(replicas: list[Any]) -> dict[str, Any]:
-    """The 1k-prefix probe alone (vLLM's fs tier: the same load, through its files)."""
-    return {"probe": _prefix_probe(replicas)}
-
-
-def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
+def _prefix_probe(replicas: list[Any], rounds: int = 7, same_replica: bool = False) -> dict[str, Any]:
     """TTFT of a 1k-token-prefix prompt computed cold on one replica, then on the
-    next replica, where the whole prefix comes from raykv (cross-node)."""
+    next replica, where the whole prefix comes from the cache under test
+    (cross-node); ``same_replica``: again on the first replica, from its own
+    prefix cache (the floor)."""
     import ray
 
     from raykv.demo.tiny_model import make_prompt_tokens
@@ -236,7 +283,8 @@ def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
     cold, hit, cached = [], [], []
     for i in range(rounds):
         prompt = make_prompt_tokens(PROBE_PROMPT_TOKENS, seed=77_000 + i)
-        a, b = replicas[i % len(replicas)], replicas[(i + 1) % len(replicas)]
+        a = replicas[i % len(replicas)]
+        b = a if same_replica else replicas[(i + 1) % len(replicas)]
         cold.append(ray.get(a.generate.remote(prompt), timeout=600)["ttft_ms"])
         out = ray.get(b.generate.remote(prompt), timeout=600)
         hit.append(out["ttft_ms"])
@@ -246,9 +294,34 @@ def _prefix_probe(replicas: list[Any], rounds: int = 7) -> dict[str, Any]:
         "prompt_tokens": PROBE_PROMPT_TOKENS,
         "cached_tokens_p50": percentile(cached, 50),
         "recompute_ttft_p50_ms": c50,
-        "raykv_ttft_p50_ms": h50,
+        "raykv_ttft_p50_ms": h50,  # the hit's TTFT (under engine_hit: from the engine's own cache)
         "speedup": c50 / h50 if h50 else None,
     }
+
+
+def _floor_ratio(
+    raw: dict[str, list[dict[str, Any]]], per_config: dict[str, Any], probes: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """raykv's TTFT over the ``engine_hit`` floor's (1.0 is the best any cache can do),
+    beside raykv's over ``no_offload``'s and ``vllm_fs``'s."""
+    if "raykv" not in raw:
+        return None
+    ours = per_config["raykv"]["ttft_p50_ms"]
+    promoted = [i for i, r in enumerate(raw["raykv"]) if r["cached_tokens"] >= HIT_PREFIX_TOKENS]
+
+    def p50_at(name: str, idx: list[int]) -> float | None:
+        return percentile([raw[name][i]["ttft_ms"] for i in idx], 50) if name in raw and idx else None
+
+    out: dict[str, Any] = {}
+    for name in ("engine_hit", "no_offload", "vllm_fs"):
+        if name in per_config:
+            out[f"ttft_p50_to_{name}"] = ratio(ours, per_config[name]["ttft_p50_ms"])
+            out[f"ttft_p50_promoted_to_{name}"] = ratio(p50_at("raykv", promoted), p50_at(name, promoted))
+    floor_probe = probes.get("engine_hit", {}).get("raykv_ttft_p50_ms")
+    our_probe = probes.get("raykv", {}).get("raykv_ttft_p50_ms")
+    out["probe_to_engine_hit"] = ratio(our_probe, floor_probe)
+    out["promoted_requests"] = len(promoted)
+    return out
 
 
 def _hit_speedup(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
@@ -283,9 +356,26 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         if fs and ours:
             out.append(
                 target(
-                    f"TTFT p50 vLLM fs / {name}, promoted requests", fs / ours, 1.0, detail=f"{fs:.1f} vs {ours:.1f} ms"
+                    f"TTFT p50 {name} / vLLM fs, promoted requests",
+                    ours / fs,
+                    0.8,
+                    higher_is_better=False,
+                    detail=f"{ours:.1f} vs {fs:.1f} ms",
                 )
             )
+    floor = r.get("floor_ratio") or {}
+    if floor.get("probe_to_engine_hit") is not None:
+        probes = r["prefix_probes"]
+        out.append(
+            target(
+                "1k-prefix probe TTFT raykv / engine_hit floor",
+                floor["probe_to_engine_hit"],
+                1.5,
+                higher_is_better=False,
+                detail=f"{probes['raykv']['raykv_ttft_p50_ms']:.1f} vs "
+                f"{probes['engine_hit']['raykv_ttft_p50_ms']:.1f} ms",
+            )
+        )
     probe = r.get("prefix_probe") or {}
     out.append(
         target(
@@ -324,9 +414,12 @@ def format_result(r: dict[str, Any]) -> str:
             None,
         )
     )
+    in_flight = r.get("sessions_in_flight")
+    how = f"{in_flight} sessions in flight, no wait for offloads" if in_flight else "one at a time, settled"
     head = (
-        f"e2e: {r['replicas']} vLLM replicas round-robin, {r['requests']} requests, "
-        f"{r['prompt_tokens']} prompt tokens, model {r['model']}"
+        f"e2e: {r['replicas']} vLLM replicas round-robin, {r['requests']} requests ({how}), "
+        f"{r['prompt_tokens']} prompt tokens, model {r['model']}, CPU primary {r.get('primary_chunks')} chunks "
+        f"per replica (engine cache {r.get('engine_blocks')} blocks)"
     )
     cols = (
         "config",
@@ -360,12 +453,23 @@ def format_result(r: dict[str, Any]) -> str:
             f"{probe['raykv_ttft_p50_ms']:.0f} ms ({probe['speedup']:.1f}x)"
         )
     for name, p in (r.get("prefix_probes") or {}).items():
+        where = "again on the same replica, from its own cache" if name == "engine_hit" else "on the next replica"
         out.append(
-            f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, prefix loaded on the next "
-            f"replica {p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
+            f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, {where} "
+            f"{p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
         )
     for name, roles in (r.get("trace_cpu_s") or {}).items():
         top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])
         out.append(f"CPU seconds over the {name} trace: {sum(roles.values()):.1f} ({top})")
+    floor = r.get("floor_ratio")
+    if floor:
+        parts = [
+            f"{k.removeprefix('ttft_p50_').replace('_', ' ')} {v:.2f}x"
+            for k, v in floor.items()
+            if k.startswith("ttft_p50_") and v is not None
+        ]
+        out.append("raykv TTFT p50 over: " + ", ".join(parts))
+        if floor.get("probe_to_engine_hit") is not None:
+            out.append(f"raykv 1k-prefix probe over the engine_hit floor's: {floor['probe_to_engine_hit']:.2f}x")
     out.append("\n" + targets_table(r["targets"]))
     return "\n".join(out)

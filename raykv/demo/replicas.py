@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,26 +29,29 @@ class Completion:
 
     prompt_tokens: int
     cached_tokens: int
-    ttft_ms: float
+    ttft_ms: float  # from the request's arrival at the replica to its first output token
     token_ids: list[int]
     top_logprobs: list[tuple[int, float]]  # first output token's top-k
+    decode_ms_per_token: float | None = None  # after the first token; None for one-token outputs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class EngineReplica:
-    """One ``vllm.LLM`` with a given ``kv_transfer_config``."""
+    """One in-process vLLM engine with a given ``kv_transfer_config``, stepped by
+    its own thread (``EngineLoop``): concurrent calls share engine steps, and
+    offloads go on between requests as in a serving engine."""
 
     def __init__(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
         self.model = model
         if not isinstance(model, str) or not model:
             raise ArgumentError("model", f"must be a model name or path (str), got {model!r}")
-        from vllm import LLM
+        from raykv.demo.engine_loop import EngineLoop
 
-        t0 = time.perf_counter()
-        self.llm = LLM(model=model, kv_transfer_config=kv_transfer_config, **engine_kwargs)
-        self.load_s = time.perf_counter() - t0
+        self.loop = EngineLoop(model, kv_transfer_config, engine_kwargs)
+        self.llm = self.loop.llm
+        self.load_s = self.loop.load_s
 
     def __repr__(self) -> str:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
@@ -59,43 +61,52 @@ class EngineReplica:
         return {"node_id": ray.get_runtime_context().get_node_id(), "load_s": self.load_s, "pid": os.getpid()}
 
     def generate(
-        self, prompt_token_ids: list[int], max_tokens: int = 1, kv_transfer_params: dict[str, Any] | None = None
+        self,
+        prompt_token_ids: list[int],
+        max_tokens: int = 1,
+        kv_transfer_params: dict[str, Any] | None = None,
+        settle: bool = True,
+        warm_prefix_tokens: int = 0,
     ) -> dict[str, Any]:
-        """Greedy generation of one prompt. With ``max_tokens=1`` the wall time is the TTFT."""
+        """Greedy generation of one prompt; returns a `Completion` as a dict.
+
+        ``settle``: return only once the engine's offloads are done too (tests
+        that check what reached the tiers); benchmarks pass False, as traffic
+        does not wait for offloads. ``warm_prefix_tokens``: first run the
+        prompt's first N tokens, untimed, so they sit in the engine's own
+        prefix cache (the floor no external cache can beat).
+        """
         from vllm import SamplingParams
 
         extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
+        if warm_prefix_tokens > 0:
+            warm = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+            self.loop.submit(prompt_token_ids[:warm_prefix_tokens], warm).result(600)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, extra_args=extra)
-        t0 = time.perf_counter()
-        (out,) = self.llm.generate([{"prompt_token_ids": prompt_token_ids}], params, use_tqdm=False)
-        ms = (time.perf_counter() - t0) * 1000
-        self.settle()
+        pending = self.loop.submit(prompt_token_ids, params)
+        out = pending.result(600)
+        if settle:
+            self.settle()
         first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
+        n_out = len(out.outputs[0].token_ids)
+        first_at = pending.first_token if pending.first_token is not None else pending.finished
+        decode = (pending.finished - first_at) * 1000 / (n_out - 1) if n_out > 1 else None
         return Completion(
             prompt_tokens=len(prompt_token_ids),
             cached_tokens=int(out.num_cached_tokens or 0),
-            ttft_ms=ms,
+            ttft_ms=(first_at - pending.submitted) * 1000,
             token_ids=list(out.outputs[0].token_ids),
             top_logprobs=[(int(t), float(lp.logprob)) for t, lp in first.items()],
+            decode_ms_per_token=decode,
         ).to_dict()
 
     def settle(self, timeout_s: float = 30.0) -> bool:
-        """Step the engine until its offloads are done; True when settled.
+        """Wait until the engine's requests and offloads are done; True when settled.
 
-        ``LLM.generate`` returns when its requests finish, but the engine
-        cascades their blocks to the secondary tiers in later steps. Run
-        in-process, nothing else steps it: the replica does, between requests.
+        A request finishes before the engine has cascaded its blocks to the
+        secondary tiers; the engine loop goes on stepping until they are.
         """
-        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)
-        if core is None:  # engine in its own process: its busy loop steps it
-            return True
-        deadline = time.monotonic() + timeout_s
-        while core.scheduler.has_requests():
-            if time.monotonic() > deadline:
-                return False
-            core.step_fn()
-            time.sleep(0.002)
-        return True
+        return self.loop.wait_idle(timeout_s)
 
     def hits_by_source(self) -> dict[str, float]:
         """vLLM's prefix-cache hit counters (tokens) per source."""
@@ -131,7 +142,7 @@ class EngineReplica:
         return sum(rtts) / len(rtts) if rtts else None
 
     def shutdown(self) -> None:
-        self.llm.llm_engine.engine_core.shutdown()
+        self.loop.shutdown()
 
 
 def start_replica(
@@ -147,7 +158,8 @@ def start_replica(
     for var in ("PYTHONPATH", "HF_HUB_OFFLINE"):
         if var in os.environ:
             env_vars.setdefault(var, os.environ[var])
-    actor = ray.remote(num_cpus=0)(EngineReplica)
+    # Threaded: concurrent requests reach the engine loop and share its steps.
+    actor = ray.remote(num_cpus=0, max_concurrency=64)(EngineReplica)
     return actor.options(
         name=name,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
@@ -156,6 +168,19 @@ def start_replica(
 
 
 BLOCK_TOKENS = 128  # vLLM's CPU backend block size
+
+#: How deployments size vLLM's CPU primary against the engine's own KV cache.
+#: A GPU host has several times more DRAM than HBM (an 8xH100 node: 2 TB of
+#: DRAM, 640 GB of HBM of which about half is KV cache), and vLLM's offloading
+#: guide sizes ``cpu_bytes_to_use`` to a share of that DRAM: a CPU primary of
+#: 4x the engine's cache is a conservative deployment. Benchmarks and the
+#: demo use this rule unless an option overrides it.
+PRIMARY_PER_ENGINE_BLOCK = 4
+
+
+def deployment_primary_chunks(engine_blocks: int) -> int:
+    """CPU primary chunks for an engine cache of ``engine_blocks`` blocks, sized as a deployment would."""
+    return PRIMARY_PER_ENGINE_BLOCK * engine_blocks
 
 
 def engine_kwargs(max_model_len: int, engine_blocks: int) -> dict[str, Any]:
@@ -175,6 +200,12 @@ def chunk_bytes(model: str, block_tokens: int = BLOCK_TOKENS, dtype_bytes: int =
     heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * block_tokens * dtype_bytes
+
+
+def model_dtype(model: str) -> str:
+    """The model's weight dtype (``torch_dtype`` in its config.json)."""
+    with open(f"{model}/config.json") as f:
+        return str(json.load(f).get("torch_dtype", "bfloat16"))
 
 
 def start_local_cluster(num_nodes: int, object_store_mib: int = 384) -> tuple[Any, list[str]]:
@@ -204,10 +235,20 @@ def run_trace(
     progress: Any,
     after: Callable[[list[Any]], Any] | None = None,
     before: Callable[[], Any] | None = None,
+    concurrency: int | None = None,
+    warm_prefix: Sequence[int] | None = None,
 ) -> tuple[list[dict[str, Any]], Any]:
     """Start one replica per node, call ``before()``, send ``trace`` (requests with
-    ``replica`` and ``prompt_token_ids``) one at a time, then ``after(replicas)``, and
-    stop the replicas. Returns one result per request, and what ``after`` returned."""
+    ``session``, ``turn``, ``replica`` and ``prompt_token_ids``), then ``after(replicas)``,
+    and stop the replicas. Returns one result per request (trace order), and what
+    ``after`` returned.
+
+    ``concurrency=None`` sends one request at a time and waits for the replica's
+    offloads after each (a barrier: what tests of exact hit counts want). Else
+    up to ``concurrency`` sessions are in flight, with no barrier (`send_sessions`).
+    ``warm_prefix[i]``: prompt tokens of request ``i`` put in its replica's own
+    prefix cache first (untimed).
+    """
     from raykv.demo.tiny_model import make_prompt_tokens
 
     progress.set_description(f"{name}: starting {len(nodes)} vLLM replicas")
@@ -219,10 +260,18 @@ def run_trace(
         progress.set_description(f"{name}: {len(trace)} requests")
         if before is not None:
             before()
-        results = []
-        for req in trace:
-            results.append(ray.get(replicas[req.replica].generate.remote(req.prompt_token_ids), timeout=600))
-            progress.update(1)
+
+        def send(req: Any, settle: bool) -> Any:
+            warm = warm_prefix[req.index] if warm_prefix is not None else 0
+            return replicas[req.replica].generate.remote(req.prompt_token_ids, settle=settle, warm_prefix_tokens=warm)
+
+        if concurrency is None:
+            results = []
+            for req in trace:
+                results.append(ray.get(send(req, True), timeout=600))
+                progress.update(1)
+        else:
+            results = send_sessions(trace, lambda req: send(req, False), concurrency, progress)
         return results, (after(replicas) if after is not None else None)
     finally:
         for r in replicas:
@@ -231,3 +280,50 @@ def run_trace(
             except Exception:
                 pass
             ray.kill(r)
+
+
+def send_sessions(
+    trace: Sequence[Any], send: Callable[[Any], Any], concurrency: int, progress: Any, timeout_s: float = 600
+) -> list[dict[str, Any]]:
+    """Send ``trace`` as sessions, with no barrier between requests: a session's next
+    turn goes out as soon as its previous turn answered; a new session starts once
+    fewer than ``concurrency`` are in flight and the previous session's first turn
+    answered (sessions arrive one after another, not all at once). ``send(req)``
+    returns a Ray ref to the request's result. Returns the results in trace order."""
+    if concurrency < 1:
+        raise ArgumentError("concurrency", f"must be >= 1, got {concurrency!r}")
+    by_session: dict[int, list[Any]] = {}
+    for req in trace:
+        by_session.setdefault(req.session, []).append(req)
+    turns = {s: sorted(reqs, key=lambda r: r.turn) for s, reqs in by_session.items()}
+    waiting = sorted(turns)  # sessions not started yet, in order
+    results: dict[int, dict[str, Any]] = {}
+    in_flight: dict[Any, Any] = {}  # ref -> request
+    active = 0
+    last_first: Any = None  # the first turn of the last session started, until it answers
+
+    def start_sessions() -> None:
+        nonlocal active, last_first
+        while waiting and active < concurrency and last_first is None:
+            req = turns[waiting.pop(0)][0]
+            in_flight[send(req)] = req
+            active += 1
+            last_first = req
+
+    start_sessions()
+    while in_flight:
+        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=timeout_s)
+        if not ready:
+            raise TimeoutError(f"none of {len(in_flight)} requests in flight answered in {timeout_s:.0f} s")
+        req = in_flight.pop(ready[0])
+        results[req.index] = ray.get(ready[0])
+        progress.update(1)
+        if req is last_first:
+            last_first = None
+        later = [r for r in turns[req.session] if r.turn > req.turn]
+        if later:
+            in_flight[send(later[0])] = later[0]
+        else:
+            active -= 1
+        start_sessions()
+    return [results[req.index] for req in trace]

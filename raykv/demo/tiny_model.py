@@ -1,10 +1,22 @@
-"""A tiny, deterministic Llama model for demos and tests (no downloads).
+"""Small, deterministic Llama models for demos, tests and benchmarks (no downloads).
 
 `build_tiny_model()` writes a HF-format model directory (config, bf16 safetensors,
 byte-level BPE tokenizer) that `vllm.LLM(model=path)` and `transformers` load.
 Everything is derived from fixed seeds and an embedded corpus, so every node of a
 cluster builds byte-identical files: equal token ids and weights, hence equal KV
 block hashes and equal KV everywhere.
+
+Two models share the tokenizer:
+
+- the *tiny* model (hidden 256, 2 layers): fast to load and run, for tests that
+  check behaviour, not speed;
+- the *bench* model (`build_bench_model()`: hidden 1024, MLP 8192, 2 layers,
+  GQA with 8 query heads over one KV head of 128): its prefill costs what a
+  real model's does per byte of KV it leaves (`prefill_flop_per_kv_byte`: 112k
+  FLOP/byte against 114k for Llama-3.1-8B; the tiny model is 34x off). A cache
+  saves prefill, so benchmarks and the demo measure with it. A 1k-token
+  prefill takes ~120 ms on a 2-core host with AMX (an earlier hidden-768 /
+  MLP-3072 candidate, 36k FLOP/byte, took 42 ms there: too cheap).
 """
 
 from __future__ import annotations
@@ -15,16 +27,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 MODEL_NAME = "tiny-llama-v1"
+BENCH_MODEL_NAME = "bench-llama-60m-v1"
 SEED = 1234
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
 BOS_ID, EOS_ID = 1, 2
 
-CONFIG: dict = {
+CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": VOCAB_SIZE,
@@ -45,6 +59,52 @@ CONFIG: dict = {
     "eos_token_id": EOS_ID,
     "torch_dtype": "bfloat16",
 }
+
+#: The bench model: a wide MLP and one KV head make prefill cost per KV byte
+#: realistic (see `prefill_flop_per_kv_byte`); 59M parameters, built in ~3 s.
+BENCH_CONFIG: dict[str, Any] = {
+    **CONFIG,
+    "hidden_size": 1024,
+    "intermediate_size": 8192,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 1,
+    "head_dim": 128,
+}
+
+#: Llama-3.1-8B's shapes: the yardstick for `prefill_flop_per_kv_byte`.
+LLAMA_3_1_8B_CONFIG: dict[str, Any] = {
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "torch_dtype": "bfloat16",
+}
+
+
+def kv_bytes_per_token(config: dict[str, Any]) -> int:
+    """K and V of every layer for one token: 2 x layers x KV heads x head dim x dtype bytes."""
+    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[config.get("torch_dtype", "bfloat16")]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * dtype_bytes
+
+
+def prefill_flop_per_kv_byte(config: dict[str, Any]) -> float:
+    """Prefill FLOPs per token over KV bytes per token.
+
+    FLOPs per token are 2 x the weights each token multiplies by: per layer the
+    q, k, v and o projections and the gated MLP (gate, up, down), plus the LM
+    head. Attention's own FLOPs grow with the context and are left out (they
+    favour the larger model). Llama-3.1-8B: 2 x 7.5G = 15 GFLOP over 128 KiB =
+    114k FLOP/byte; the bench model: 2 x 57M = 114 MFLOP over 1 KiB = 112k.
+    """
+    h, d = config["hidden_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config["intermediate_size"]
+    weights = config["num_hidden_layers"] * per_layer + h * config["vocab_size"]
+    return 2 * weights / kv_bytes_per_token(config)
+
 
 _WORDS = (
     "the a an of to in on for with from by at as is are was were be been has have "
@@ -155,8 +215,8 @@ def _build_tokenizer(out: Path) -> None:
     )
 
 
-def _weight_shapes() -> dict[str, tuple[int, ...]]:
-    c = CONFIG
+def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    c = config
     h, inter, v, d = (
         c["hidden_size"],
         c["intermediate_size"],
@@ -185,13 +245,13 @@ def _weight_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _build_weights(out: Path, seed: int = SEED) -> None:
+def _build_weights(out: Path, config: dict[str, Any], seed: int = SEED) -> None:
     import torch
     from safetensors.torch import save_file
 
     rng = np.random.default_rng(seed)  # PCG64: same stream on every platform
     tensors = {}
-    for name, shape in sorted(_weight_shapes().items()):
+    for name, shape in sorted(_weight_shapes(config).items()):
         if name.endswith("norm.weight"):
             arr = np.ones(shape, dtype=np.float32)
         else:
@@ -206,9 +266,10 @@ def _build_weights(out: Path, seed: int = SEED) -> None:
 
 
 def reseed_weights(path: str | os.PathLike, seed: int) -> None:
-    """Rewrite a built tiny model's weights from ``seed``: same shapes, other
+    """Rewrite a built model's weights from ``seed``: same shapes, other
     values (a fine-tune, or a weight update in place)."""
-    _build_weights(Path(path), seed)
+    config = json.loads((Path(path) / "config.json").read_text())
+    _build_weights(Path(path), config, seed)
 
 
 def default_cache_dir() -> Path:
@@ -217,23 +278,23 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "raykv"
 
 
-def build_tiny_model(path: str | os.PathLike | None = None) -> str:
-    """Build the tiny model directory once (atomically) and return its path.
+def _build_model(config: dict[str, Any], name: str, path: str | os.PathLike | None) -> str:
+    """Build a model directory once (atomically) and return its path.
 
-    `path` defaults to `<cache dir>/tiny-llama-v1`. An existing complete build is
+    `path` defaults to `<cache dir>/<name>`. An existing complete build is
     reused; concurrent builders race harmlessly (the first rename wins).
     """
-    target = Path(path) if path is not None else default_cache_dir() / MODEL_NAME
+    target = Path(path) if path is not None else default_cache_dir() / name
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _build_tokenizer(tmp)
-        _build_weights(tmp)
+        _build_weights(tmp, config)
         (tmp / "generation_config.json").write_text(json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}))
         # config.json last: its presence marks a complete build.
-        (tmp / "config.json").write_text(json.dumps(CONFIG, indent=2))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
         try:
             os.rename(tmp, target)
         except OSError:
@@ -242,6 +303,16 @@ def build_tiny_model(path: str | os.PathLike | None = None) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
+
+
+def build_tiny_model(path: str | os.PathLike | None = None) -> str:
+    """The tiny model (`<cache dir>/tiny-llama-v1` by default): for tests that check behaviour."""
+    return _build_model(CONFIG, MODEL_NAME, path)
+
+
+def build_bench_model(path: str | os.PathLike | None = None) -> str:
+    """The bench model (`<cache dir>/bench-llama-60m-v1` by default): prefill priced like a real model's."""
+    return _build_model(BENCH_CONFIG, BENCH_MODEL_NAME, path)
 
 
 def model_fingerprint(path: str | os.PathLike) -> str:

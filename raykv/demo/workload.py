@@ -47,24 +47,28 @@ def build_trace(
     return out
 
 
-def oracle_hit_tokens(trace: list[TraceRequest], block_tokens: int) -> int:
-    """Prefix tokens one unbounded, cluster-wide cache would hit: every full block
-    a request computed is cached, and a request hits at most ``len - 1`` tokens
-    (its last token is always computed), in full blocks."""
+def oracle_hits(prompts: list[list[int]], block_tokens: int) -> list[int]:
+    """Per prompt (in arrival order), the prefix tokens one unbounded, cluster-wide
+    cache would hit: every full block a prompt computed is cached, and a prompt
+    hits at most ``len - 1`` tokens (its last token is always computed), in full blocks."""
     seen: set[tuple[int, ...]] = set()
-    hits = 0
-    for req in trace:
-        tokens = req.prompt_token_ids
+    out = []
+    for tokens in prompts:
         hit = 0
         for b in range((len(tokens) - 1) // block_tokens):
             if tuple(tokens[: (b + 1) * block_tokens]) in seen:
                 hit = b + 1
             else:
                 break
-        hits += hit * block_tokens
+        out.append(hit * block_tokens)
         for b in range(len(tokens) // block_tokens):
             seen.add(tuple(tokens[: (b + 1) * block_tokens]))
-    return hits
+    return out
+
+
+def oracle_hit_tokens(trace: list[TraceRequest], block_tokens: int) -> int:
+    """The trace's total of `oracle_hits`."""
+    return sum(oracle_hits([r.prompt_token_ids for r in trace], block_tokens))
 
 
 def model_len_for(trace: list[TraceRequest], block_tokens: int, output_tokens: int = 16) -> int:

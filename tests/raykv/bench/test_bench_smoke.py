@@ -111,3 +111,27 @@ def test_directory_quick_json() -> None:
     assert len(out["targets"]) >= 4
     for t in out["targets"]:
         _check_verdict(t)
+
+
+@pytest.mark.slow
+def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
+    """``bench e2e`` measures the engine's own cache as the floor and reports raykv against it."""
+    out = _bench("e2e", "--quick", "--tiny", "--configs", "engine_hit,no_offload,raykv", timeout=900)
+    cfg = out["configs"]
+    assert {"engine_hit", "no_offload", "raykv"} == set(cfg)
+    # the floor: every request finds its whole cacheable prefix in the serving engine's own cache
+    assert cfg["engine_hit"]["hit_tokens"] == out["oracle_hit_tokens"] > 0
+    assert out["sessions_in_flight"] == 2  # no barrier: one session per replica in flight
+    floor = out["floor_ratio"]
+    assert floor["ttft_p50_to_engine_hit"] == pytest.approx(
+        cfg["raykv"]["ttft_p50_ms"] / cfg["engine_hit"]["ttft_p50_ms"]
+    )
+    probes = out["prefix_probes"]
+    assert probes["engine_hit"]["cached_tokens_p50"] == probes["raykv"]["cached_tokens_p50"] == 1024
+    assert floor["probe_to_engine_hit"] == pytest.approx(
+        probes["raykv"]["raykv_ttft_p50_ms"] / probes["engine_hit"]["raykv_ttft_p50_ms"]
+    )
+    names = [t["name"] for t in out["targets"]]
+    assert "1k-prefix probe TTFT raykv / engine_hit floor" in names
+    for t in out["targets"]:
+        _check_verdict(t)

@@ -8,12 +8,18 @@ from pathlib import Path
 import pytest
 
 from raykv.demo.tiny_model import (
+    BENCH_CONFIG,
+    BENCH_MODEL_NAME,
     CONFIG,
+    LLAMA_3_1_8B_CONFIG,
     MODEL_NAME,
     VOCAB_SIZE,
+    build_bench_model,
     build_tiny_model,
+    kv_bytes_per_token,
     make_prompt_tokens,
     model_fingerprint,
+    prefill_flop_per_kv_byte,
 )
 
 
@@ -65,3 +71,26 @@ def test_make_prompt_tokens() -> None:
     b = make_prompt_tokens(1000, seed=2)
     assert a[0] != b[0]  # no shared prefix between seeds
     assert make_prompt_tokens(0) == []
+
+
+def test_bench_model_prices_prefill_like_a_real_model(tmp_path: Path) -> None:
+    """Prefill FLOPs per KV byte within 4x of Llama-3.1-8B's (the tiny model is ~34x off)."""
+    llama = prefill_flop_per_kv_byte(LLAMA_3_1_8B_CONFIG)
+    assert llama == pytest.approx(16e9 / (128 << 10), rel=0.1)  # ~16 GFLOP per token over 128 KiB of KV
+    bench = prefill_flop_per_kv_byte(BENCH_CONFIG)
+    assert llama / 4 <= bench <= llama * 4
+    assert llama / prefill_flop_per_kv_byte(CONFIG) > 30
+
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    path = build_bench_model(tmp_path / BENCH_MODEL_NAME)
+    cfg = AutoConfig.from_pretrained(path)
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads) == (1024, 8192, 1)
+    assert kv_bytes_per_token(BENCH_CONFIG) == 1024
+    with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+        assert tuple(f.get_tensor("model.layers.0.self_attn.k_proj.weight").shape) == (128, 1024)
+    # same tokenizer as the tiny model: traces and block hashes carry over
+    assert (Path(path) / "tokenizer.json").read_bytes() == (
+        Path(build_tiny_model(tmp_path / "t")) / "tokenizer.json"
+    ).read_bytes()

@@ -1,0 +1,64 @@
+"""The demo's correctness check: float noise passes, a real mismatch fails."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from raykv.demo.correctness import bit_exact, compare_outputs, logprob_tolerance
+from raykv.demo.run import passed
+
+# Two requests as the engine reports them: output token ids and the first token's top-5.
+REFERENCE = [
+    {"token_ids": [17], "top_logprobs": [(17, -0.41), (902, -2.3), (5, -3.9), (44, -5.25), (1201, -7.62)]},
+    {"token_ids": [88], "top_logprobs": [(88, -1.02), (3, -1.9), (650, -4.4), (71, -6.1), (9, -8.75)]},
+]
+
+
+def test_tolerance_follows_the_dtype() -> None:
+    assert logprob_tolerance("bfloat16", -0.5) == pytest.approx(2 * 2**-7)
+    assert logprob_tolerance("bfloat16", -8.0) == pytest.approx(2 * 2**-7 * 8)
+    assert logprob_tolerance("float32", -8.0) < logprob_tolerance("float16", -8.0) < logprob_tolerance("bfloat16", -8.0)
+    with pytest.raises(ValueError, match="dtype"):
+        logprob_tolerance("int8", -1.0)
+
+
+def test_one_rounding_step_passes_and_is_reported() -> None:
+    other = copy.deepcopy(REFERENCE)
+    other[1]["top_logprobs"][0] = (88, -1.02 - 2**-7)  # one bf16 step: what a different split gives
+    check = compare_outputs(REFERENCE, other, "bfloat16")
+    assert check.ok
+    assert check.max_diff == pytest.approx(2**-7)
+    assert "largest logprob difference 0.0078" in check.line() and ": yes;" in check.line()
+
+
+def test_a_logprob_beyond_the_tolerance_fails() -> None:
+    other = copy.deepcopy(REFERENCE)
+    tok, lp = other[0]["top_logprobs"][3]
+    other[0]["top_logprobs"][3] = (tok, lp + 1.5 * logprob_tolerance("bfloat16", lp))
+    check = compare_outputs(REFERENCE, other, "bfloat16")
+    assert not check.ok
+    assert check.logprob_mismatches == [0] and check.token_mismatches == []
+    assert ": NO;" in check.line()
+
+
+def test_a_changed_token_fails() -> None:
+    other = copy.deepcopy(REFERENCE)
+    other[1]["token_ids"] = [89]
+    check = compare_outputs(REFERENCE, other, "bfloat16")
+    assert not check.ok and check.token_mismatches == [1]
+
+
+def test_the_demo_exits_nonzero_on_a_mismatch_or_an_inexact_probe() -> None:
+    good = {"outputs_match": True, "exact_probe": {"bit_exact": True}}
+    assert passed(good)
+    assert not passed({**good, "outputs_match": False})
+    assert not passed({**good, "exact_probe": {"bit_exact": False}})
+
+
+def test_bit_exact_means_every_bit() -> None:
+    assert bit_exact(REFERENCE[0], copy.deepcopy(REFERENCE[0]))
+    nudged = copy.deepcopy(REFERENCE[0])
+    nudged["top_logprobs"][4] = (1201, -7.62 + 1e-12)
+    assert not bit_exact(REFERENCE[0], nudged)
