@@ -1,8 +1,11 @@
 """``raykv bench routing``: one Ray Serve LLM app, three request routers, one trace.
 
 An embedded cluster (``ray.cluster_utils.Cluster``, one node per replica) runs
-a Serve LLM app of N vLLM replicas (the tiny local model on CPU, or
-``--model``) with raykv's tiers (each node's object store, a shared fs root),
+a Serve LLM app of N vLLM replicas (the local bench model on CPU, whose
+prefill costs what a real model's does per byte of KV; ``--tiny`` for the tiny
+model, or ``--model``) with raykv's tiers (each node's object store, a shared
+fs root) behind a CPU primary sized as a deployment sizes it
+(``raykv.demo.replicas.deployment_primary_chunks``, or ``--primary-chunks``),
 once per router: Serve's default (power of two choices), Ray's
 ``PrefixCacheAffinityRouter`` and raykv's router. Each run starts from empty
 caches (its own raykv namespace and root) and gets the same trace: multi-turn
@@ -14,8 +17,14 @@ Per request the bench asks the directory, before sending, how many leading
 blocks each engine holds (every run records engine caches, whatever its
 router), and after the answer which replica computed it; so the prompt's
 cached tokens split into the serving engine's own cache and raykv's tiers
-(with vLLM's small per-replica CPU primary), the rest recomputed. TTFT is the
+(with vLLM's per-replica CPU primary), the rest recomputed. TTFT is the
 latency of a one-token completion.
+
+The trace's oracle is one unbounded cluster-wide cache
+(``raykv.demo.workload.oracle_hit_tokens``): every router's hits by source are
+also reported as a share of it. Blocks that vLLM's cascade never offered to
+raykv because a replica's CPU primary was full are counted
+(``raykv_cascade_dropped_blocks``) and reported per router.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
 
 HELP = "Ray Serve LLM replicas under Serve's default, prefix-affinity and raykv routers: hits by source, TTFT, load"
 
@@ -39,7 +49,6 @@ BLOCK = 128
 URL = "http://127.0.0.1:8000/v1/completions"
 MODEL_ID = "bench"
 ENGINE_BLOCKS = 24
-PRIMARY_CHUNKS = 4  # vLLM's own CPU primary: small, so raykv's tiers do the remembering
 #: A router that cannot serve a request in this time is reported as failed (the others still run).
 REQUEST_TIMEOUT_S = 60
 
@@ -50,7 +59,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
     p.add_argument("--tenants", type=int, default=3, help="tenants, each with its own system prompt (default 3)")
     p.add_argument("--concurrency", type=int, default=4, help="sessions in flight at once (default 4)")
-    p.add_argument("--model", help="model path (default: the tiny local model)")
+    p.add_argument(
+        "--model",
+        help="'bench' (default: the local bench model, prefill priced like a real model's), "
+        "'tiny' (the tiny local model: fast runs; the default with --quick), or a model directory",
+    )
+    p.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
+    p.add_argument(
+        "--primary-chunks",
+        type=int,
+        help="chunks (blocks) of each replica's vLLM CPU primary (default: "
+        "raykv.demo.replicas.deployment_primary_chunks of the engine's cache: "
+        f"{PRIMARY_PER_ENGINE_BLOCK} x {ENGINE_BLOCKS} blocks)",
+    )
     p.add_argument("--routers", default=",".join(ROUTERS), help=f"comma-separated subset of {', '.join(ROUTERS)}")
 
 
@@ -86,13 +107,49 @@ def build_sessions(sessions: int, turns: int, tenants: int, tokenizer: Any, seed
     return out
 
 
+def oracle_hit_tokens(sessions: list[Session]) -> int:
+    """Prompt tokens the trace's oracle hits (one unbounded cluster-wide cache), over the
+    prompts as the model tokenizes them, in the order the bench sends them: sessions in
+    queue order, each session's turns in order. (Sessions share only their tenant's
+    system prompt, so how the concurrent sessions interleave does not change it.)"""
+    from raykv.demo import workload
+
+    sent = [(s.index, t, tokens) for s in sorted(sessions, key=lambda s: s.late) for t, tokens in enumerate(s.tokens)]
+    trace = [workload.TraceRequest(i, session, turn, 0, tokens) for i, (session, turn, tokens) in enumerate(sent)]
+    return workload.oracle_hit_tokens(trace, BLOCK)
+
+
+def resolve_model(args: argparse.Namespace) -> tuple[str, str]:
+    """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
+    from raykv.demo.tiny_model import build_bench_model, build_tiny_model
+
+    name = args.model or ("tiny" if args.tiny or args.quick else "bench")
+    if args.tiny and name != "tiny":
+        raise ValueError(f"--tiny and --model {args.model}: pick one")
+    if name == "tiny":
+        return build_tiny_model(), name
+    if name == "bench":
+        return build_bench_model(), name
+    return name, name
+
+
+def primary_chunks(args: argparse.Namespace) -> int:
+    """Chunks of each replica's CPU primary: ``--primary-chunks``, else as a deployment sizes it."""
+    from raykv.demo.replicas import deployment_primary_chunks
+
+    chunks = deployment_primary_chunks(ENGINE_BLOCKS) if args.primary_chunks is None else args.primary_chunks
+    if chunks < 1:
+        raise ValueError(f"--primary-chunks: at least 1, got {chunks}")
+    return chunks
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the trace under each router; returns the JSON result."""
     import ray
     from ray.cluster_utils import Cluster
     from tqdm import tqdm
 
-    from raykv.demo.tiny_model import build_tiny_model
+    from raykv.demo.replicas import chunk_bytes
     from raykv.integrations.vllm import require_vllm
 
     require_vllm()
@@ -100,15 +157,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         args.replicas, args.sessions, args.turns, args.concurrency = 2, 4, 2, 2
     if args.replicas < 2:
         raise ValueError("--replicas: at least 2 (routing picks between replicas)")
+    chunks = primary_chunks(args)
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     unknown = set(routers) - set(ROUTERS)
     if unknown:
         raise ValueError(f"--routers: unknown {sorted(unknown)}; allowed: {', '.join(ROUTERS)}")
     from transformers import AutoTokenizer
 
-    model = args.model or build_tiny_model()
+    model, model_name = resolve_model(args)
+    cpu_bytes = chunks * chunk_bytes(model)
     sessions = build_sessions(args.sessions, args.turns, args.tenants, AutoTokenizer.from_pretrained(model))
     requests_total = sum(len(s.turns) for s in sessions)
+    oracle = oracle_hit_tokens(sessions)
     info = machine()
     cluster = Cluster(
         initialize_head=True,
@@ -123,7 +183,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-routing-") as root:
             for name in routers:
                 try:
-                    per_router[name] = _run_router(name, model, f"{root}/{name}", args, sessions, progress)
+                    per_router[name] = _run_router(
+                        name, model, f"{root}/{name}", args, sessions, progress, cpu_bytes, oracle
+                    )
                 except Exception as e:  # noqa: BLE001 - one router failing must not lose the others' figures
                     per_router[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
     finally:
@@ -139,13 +201,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tenants": args.tenants,
         "concurrency": args.concurrency,
         "requests": requests_total,
+        "model": model_name,
+        "engine_blocks": ENGINE_BLOCKS,
+        "primary_chunks": chunks,
+        "cpu_bytes": cpu_bytes,
+        "oracle_hit_tokens": oracle,
         "routers": per_router,
         "targets": _targets(per_router),
     }
 
 
 def _run_router(
-    name: str, model: str, root: str, args: argparse.Namespace, sessions: list[Session], progress: Any
+    name: str,
+    model: str,
+    root: str,
+    args: argparse.Namespace,
+    sessions: list[Session],
+    progress: Any,
+    cpu_bytes: int,
+    oracle: int,
 ) -> dict[str, Any]:
     import ray
     from ray import serve
@@ -159,7 +233,7 @@ def _run_router(
         model,
         model_id=MODEL_ID,
         raykv={"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
-        cpu_bytes=PRIMARY_CHUNKS * (128 << 10),
+        cpu_bytes=cpu_bytes,
         engine_kwargs={
             "max_model_len": 2048,  # vLLM wants (ENGINE_BLOCKS - 1) x 128 >= it
             "num_gpu_blocks_override": ENGINE_BLOCKS,
@@ -182,9 +256,10 @@ def _run_router(
         # hashing, the tokenizer) falls on the warm-up requests, counted before.
         before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
-        summary = _summary(results)
+        summary = _summary(results, oracle)
         if before is not None:
             summary["router_ms_per_request"], summary["router_stage_ms"] = _router_cost_ms(before)
+        summary["cascade_dropped_blocks"] = cascade_drops(namespace)
     finally:
         # delete the app, not Serve: killing Serve's controller prints Ray's warnings on
         # stdout, where --json writes its object
@@ -223,6 +298,32 @@ def _router_totals(timeout_s: float = 40.0) -> tuple[float, float, dict[str, flo
             return now
         last = now
     return last
+
+
+def cascade_drops(namespace: str, min_wait_s: float = 2 * METRICS_SETTLE_S, timeout_s: float = 40.0) -> int:
+    """Blocks the replicas of raykv namespace ``namespace`` computed but could not put in their
+    full CPU primary, so vLLM's cascade offered them to no raykv tier (the Ray metric
+    ``raykv_cascade_dropped_blocks``). Read until two reads ``METRICS_SETTLE_S`` apart agree,
+    ``min_wait_s`` after the first at least (Ray exports a process's metrics every few
+    seconds, and a count may be 0)."""
+    from raykv.metrics.scrape import scrape_cluster
+
+    def read() -> float:
+        return sum(
+            v
+            for n, labels, v in scrape_cluster()
+            if n == "ray_raykv_cascade_dropped_blocks_total" and labels.get("namespace") == namespace
+        )
+
+    start = time.monotonic()
+    last = read()
+    while time.monotonic() - start < timeout_s:
+        time.sleep(METRICS_SETTLE_S)
+        now = read()
+        if now == last and time.monotonic() - start >= min_wait_s:
+            break
+        last = now
+    return int(last)
 
 
 def _router_cost_ms(before: tuple[float, float, dict[str, float]]) -> tuple[float | None, dict[str, float]]:
@@ -391,7 +492,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
     return results
 
 
-def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(results: list[dict[str, Any]], oracle: int) -> dict[str, Any]:
     ttft = [r["ttft_ms"] for r in results]
     engine = sum(r["engine_hit_tokens"] for r in results)
     cached = sum(r["cached_tokens"] for r in results)
@@ -404,6 +505,7 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
         "raykv_hit_tokens": cached - engine,
         "recomputed_tokens": prompt - cached,
         "prompt_tokens": prompt,
+        "oracle_share": oracle_share(engine, cached - engine, oracle),
         "ttft_p50_ms": percentile(ttft, 50),
         "ttft_p99_ms": percentile(ttft, 99),
         "requests_per_s": len(results) / wall if wall else float("nan"),
@@ -413,8 +515,31 @@ def _summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def oracle_share(engine_hit: int, raykv_hit: int, oracle: int) -> dict[str, float]:
+    """Hit tokens by source as shares of the oracle's: the engine's own cache, raykv's
+    tiers, and the rest of the oracle's hit tokens, which were recomputed."""
+    if oracle <= 0:
+        return {"engine_hit": float("nan"), "raykv_hit": float("nan"), "recomputed": float("nan"), "hits": float("nan")}
+    return {
+        "engine_hit": engine_hit / oracle,
+        "raykv_hit": raykv_hit / oracle,
+        "recomputed": max(0, oracle - engine_hit - raykv_hit) / oracle,
+        "hits": (engine_hit + raykv_hit) / oracle,
+    }
+
+
 def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
+    for name, r in per.items():
+        if "error" not in r:
+            out.append(
+                target(
+                    f"hit tokens / the oracle's, {name} router",
+                    r["oracle_share"]["hits"],
+                    0.9,
+                    detail=f"{r['engine_hit_tokens'] + r['raykv_hit_tokens']} of the oracle's hit tokens",
+                )
+            )
     d, p, k = (per.get(n) if "error" not in per.get(n, {}) else None for n in ROUTERS)
     if d and k:
         out.append(
@@ -449,18 +574,27 @@ def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{100 * x:.0f}%"
+
+
 def format_result(result: dict[str, Any]) -> str:
     rows = []
     for name, r in result["routers"].items():
         if "error" in r:
-            rows.append([name, "failed: " + r["error"][:60], "", "", "", "", "", ""])
+            rows.append([name, "failed: " + r["error"][:60], *[""] * 9])
             continue
+        share = r["oracle_share"]
         rows.append(
             [
                 name,
                 r["engine_hit_tokens"],
                 r["raykv_hit_tokens"],
                 r["recomputed_tokens"],
+                _pct(share["engine_hit"]),
+                _pct(share["raykv_hit"]),
+                _pct(share["recomputed"]),
+                r.get("cascade_dropped_blocks", ""),
                 f"{r['ttft_p50_ms']:.1f}",
                 f"{r['ttft_p99_ms']:.1f}",
                 f"{r['requests_per_s']:.2f}",
@@ -470,7 +604,9 @@ def format_result(result: dict[str, Any]) -> str:
     head = (
         f"raykv bench routing: {result['replicas']} replicas, {result['sessions']} sessions x {result['turns']} turns, "
         f"{result['tenants']} tenants, {result['concurrency']} sessions at a time "
-        f"({result['requests']} requests per router)"
+        f"({result['requests']} requests per router); model {result['model']}, engine cache "
+        f"{result['engine_blocks']} blocks, CPU primary {result['primary_chunks']} chunks per replica; "
+        f"the oracle hits {result['oracle_hit_tokens']} tokens"
     )
     body = table(
         [
@@ -478,6 +614,10 @@ def format_result(result: dict[str, Any]) -> str:
             "engine hit tok",
             "raykv hit tok",
             "recomputed tok",
+            "engine % oracle",
+            "raykv % oracle",
+            "recomputed % oracle",
+            "dropped blocks",
             "TTFT p50 ms",
             "TTFT p99 ms",
             "req/s",
@@ -489,4 +629,9 @@ def format_result(result: dict[str, Any]) -> str:
     stages = (result["routers"].get("raykv") or {}).get("router_stage_ms") or {}
     split = ", ".join(f"{stage} {ms:.2f}" for stage, ms in stages.items())
     note = f"raykv router: {cost:.2f} ms per decision ({split or 'tokenize, hash, directory, rank'})" if cost else ""
-    return "\n\n".join(filter(None, [head, body, note, "Targets", targets_table(result["targets"])]))
+    legend = (
+        "% oracle: hit tokens by source as shares of the oracle's (one unbounded cluster-wide cache); "
+        "recomputed: the oracle's hit tokens that were recomputed. dropped blocks: blocks a replica computed "
+        "that its full CPU primary refused, so vLLM's cascade offered them to no raykv tier."
+    )
+    return "\n\n".join(filter(None, [head, body, legend, note, targets_table(result["targets"])]))

@@ -1,0 +1,108 @@
+"""``raykv bench routing``'s trace oracle, options and report (no cluster: the full run is a benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from raykv.bench import routing
+from raykv.cli import build_parser
+from raykv.demo import workload
+from raykv.demo.replicas import deployment_primary_chunks
+
+
+@pytest.fixture(scope="module")
+def sessions(tiny_model) -> list[routing.Session]:
+    from transformers import AutoTokenizer
+
+    return routing.build_sessions(8, 3, 3, AutoTokenizer.from_pretrained(tiny_model))
+
+
+def _oracle(prompts: list[list[int]]) -> int:
+    trace = [workload.TraceRequest(i, 0, 0, 0, p) for i, p in enumerate(prompts)]
+    return workload.oracle_hit_tokens(trace, routing.BLOCK)
+
+
+def test_oracle_is_the_workload_rule_over_the_sent_prompts(sessions) -> None:
+    oracle = routing.oracle_hit_tokens(sessions)
+    sent = [t for s in sorted(sessions, key=lambda s: s.late) for t in s.tokens]
+    assert oracle == _oracle(sent)
+    # Concurrent sessions interleave differently per router: the oracle does not move.
+    turn_major = [s.tokens[t] for t in range(3) for s in sessions]
+    assert oracle == _oracle(list(reversed([s.tokens[0] for s in sessions])) + turn_major[len(sessions) :])
+    assert oracle == _oracle(turn_major)
+    # It counts later turns' histories and the tenants' shared system prompts,
+    # and never more than the prompts' full blocks short of their last token.
+    later_turns = sum(_oracle(s.tokens) for s in sessions)
+    assert later_turns > 0 and oracle > later_turns
+    assert oracle <= sum((len(t) - 1) // routing.BLOCK * routing.BLOCK for s in sessions for t in s.tokens)
+
+
+def test_oracle_share() -> None:
+    share = routing.oracle_share(engine_hit=600, raykv_hit=300, oracle=1000)
+    assert share == pytest.approx({"engine_hit": 0.6, "raykv_hit": 0.3, "recomputed": 0.1, "hits": 0.9})
+    assert all(v != v for v in routing.oracle_share(0, 0, 0).values())  # no oracle hits: not a number
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["bench", "routing", *argv])
+
+
+def test_primary_chunks_default_is_the_deployment_rule() -> None:
+    assert routing.primary_chunks(_args()) == deployment_primary_chunks(routing.ENGINE_BLOCKS)
+    assert routing.primary_chunks(_args("--primary-chunks", "64")) == 64
+    with pytest.raises(ValueError, match="--primary-chunks"):
+        routing.primary_chunks(_args("--primary-chunks", "0"))
+
+
+def test_model_choice() -> None:
+    from raykv.demo.tiny_model import BENCH_MODEL_NAME, MODEL_NAME
+
+    path, name = routing.resolve_model(_args())
+    assert name == "bench" and path.endswith(BENCH_MODEL_NAME)
+    for argv in (["--tiny"], ["--model", "tiny"], ["--quick"]):
+        path, name = routing.resolve_model(_args(*argv))
+        assert name == "tiny" and path.endswith(MODEL_NAME), argv
+    assert routing.resolve_model(_args("--model", "/models/x")) == ("/models/x", "/models/x")
+    with pytest.raises(ValueError, match="--tiny"):
+        routing.resolve_model(_args("--tiny", "--model", "bench"))
+
+
+def test_report_shows_oracle_shares_and_drops() -> None:
+    r = {
+        "engine_hit_tokens": 600,
+        "raykv_hit_tokens": 300,
+        "recomputed_tokens": 2000,
+        "prompt_tokens": 2900,
+        "oracle_share": routing.oracle_share(600, 300, 1000),
+        "cascade_dropped_blocks": 7,
+        "ttft_p50_ms": 40.0,
+        "ttft_p99_ms": 90.0,
+        "requests_per_s": 3.0,
+        "max_load_share": 1.2,
+        "requests_per_replica": [5, 4],
+        "unattributed_requests": 0,
+    }
+    per = {"default": r, "raykv": {"error": "TimeoutError: no app"}}
+    result = {
+        "replicas": 2,
+        "sessions": 4,
+        "turns": 2,
+        "tenants": 3,
+        "concurrency": 2,
+        "requests": 8,
+        "model": "tiny",
+        "engine_blocks": routing.ENGINE_BLOCKS,
+        "primary_chunks": 96,
+        "oracle_hit_tokens": 1000,
+        "routers": per,
+        "targets": routing._targets(per),
+    }
+    text = routing.format_result(result)
+    assert "the oracle hits 1000 tokens" in text and "CPU primary 96 chunks" in text
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("default"))
+    assert "60%" in row and "30%" in row and "10%" in row and " 7 " in row
+    assert "failed: TimeoutError" in text
+    (hits,) = [t for t in result["targets"] if "oracle" in t["target"]]
+    assert hits["value"] == pytest.approx(0.9) and hits["passed"] is True
