@@ -109,10 +109,16 @@ def describe_options(schema: type) -> list[tuple[str, str, Any, str]]:
     return out
 
 
+#: Longest raykv namespace: it names Ray actors and metrics series.
+MAX_NAMESPACE_CHARS = 128
+
+
 def check_namespace(value: str) -> str | None:
     """What is wrong with a Ray namespace name (None: nothing)."""
     if not value or not all(c.isalnum() or c in "-_." for c in value):
         return "must be non-empty letters, digits, '-', '_' or '.'"
+    if len(value) > MAX_NAMESPACE_CHARS:
+        return f"must be at most {MAX_NAMESPACE_CHARS} characters; got {len(value)} ({value[:20]!r}...)"
     return None
 
 

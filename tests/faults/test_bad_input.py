@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -363,6 +364,42 @@ CROSS_FIELD = [
 @pytest.mark.parametrize(("raw", "field"), CROSS_FIELD, ids=[f for _, f in CROSS_FIELD])
 def test_cross_field(raw, field):
     _rejected_everywhere(raw, field)
+
+
+def _fs(root: str) -> dict:
+    return {"tiers": [{"type": "fs", "root": root}]}
+
+
+ABSURD = [  # (config tree, field named, words of the message)
+    (_fs("/"), "tiers[0].root", "system directory '/'"),
+    (_fs("/etc"), "tiers[0].root", "system directory '/etc'"),
+    (_fs("/tmp/kv/../../etc"), "tiers[0].root", "system directory '/etc'"),
+    (_fs("/mnt/kv/../../etc/raykv"), "tiers[0].root", "inside the system directory '/etc'"),
+    (_fs("/proc/self/cwd"), "tiers[0].root", "inside the system directory '/proc'"),
+    (_fs("/dev/shm"), "tiers[0].root", "/dev/shm/raykv"),
+    (_fs("/tmp/"), "tiers[0].root", "system directory '/tmp'"),
+    (_fs("/" + "a" * 5000), "tiers[0].root", "at most 1024 characters; got 5001"),
+    (_fs("s3://bucket/" + "p" * 5000), "tiers[0].root", "at most 1024 characters"),
+    ({"namespace": "n" * 10_000}, "namespace", "at most 128 characters; got 10000"),
+    ({"tiers": [{"type": "object_store", "namespace": "n" * 10_000}]}, "tiers[0].namespace", "at most 128"),
+]
+
+
+@pytest.mark.parametrize(("raw", "field", "words"), ABSURD, ids=[w for _, _, w in ABSURD])
+def test_system_directories_and_absurd_lengths(raw, field, words):
+    _rejected_everywhere(raw, field)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        RaykvConfig.from_dict(raw)
+
+
+def test_roots_beside_system_directories_are_fine():
+    for root in ("/tmp/raykv", "/dev/shm/raykv", "/mnt/kv", "/etcetera/kv", "/home/me/kv", "/" + "a" * 1000):
+        RaykvConfig.from_dict(_fs(root))
+    import raykv
+
+    with pytest.raises(ConfigError) as e:  # the API's own argument, too
+        raykv.attach("n" * 10_000)
+    assert e.value.field == "namespace"
 
 
 def test_cross_field_add_rule_and_fs_root_that_is_a_file(raykv_services, tmp_path):

@@ -69,12 +69,70 @@ def root_problem_here(root: str) -> str | None:
     return f"{root!r} exists but is not a directory"
 
 
+#: Longest ``root`` accepted: block paths add ~290 characters under it and
+#: PATH_MAX is 4096 (a longer root is a mistake, not a layout).
+MAX_ROOT_CHARS = 1024
+#: Directories that are never a cache root themselves: the file system's
+#: top, and folders shared by everything on a machine (a root goes inside one).
+SYSTEM_ROOTS = frozenset(
+    (
+        "/",
+        "/home",
+        "/root",
+        "/tmp",
+        "/var",
+        "/var/tmp",
+        "/var/lib",
+        "/mnt",
+        "/media",
+        "/opt",
+        "/srv",
+        "/run",
+        "/dev/shm",
+    )
+)
+#: Trees no cache root may be inside: the OS, its configuration and kernel interfaces
+#: (``/dev/shm/...`` is fine: RAM-backed storage).
+SYSTEM_TREES = (
+    "/etc",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/boot",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr",
+)
+
+
+def system_dir_problem(path: str) -> str | None:
+    """Why the local ``path`` (after ``..`` and ``//`` are resolved lexically) is
+    no place for block files, else None."""
+    norm = canonical_root(path)
+    if norm in SYSTEM_ROOTS:
+        inside = f"{norm.rstrip('/')}/raykv"
+        return f"{path!r} is the system directory {norm!r}; use a folder of its own inside it (e.g. {inside})"
+    for tree in SYSTEM_TREES:
+        if (norm == tree or norm.startswith(tree + "/")) and not norm.startswith("/dev/shm/"):
+            return (
+                f"{path!r} is inside the system directory {tree!r} ({norm!r}); "
+                "use shared storage or a folder of its own (e.g. /mnt/kv, /dev/shm/raykv)"
+            )
+    return None
+
+
 def check_root(value: str) -> str | None:
     """``opt(check=...)`` for the ``root`` option."""
     if not isinstance(value, str) or not value.strip():
         return "must be a non-empty path or URI"
     if "\x00" in value:
         return "must not contain NUL bytes"
+    if len(value) > MAX_ROOT_CHARS:
+        return f"must be at most {MAX_ROOT_CHARS} characters; got {len(value)} ({value[:40]!r}...)"
     if is_uri(value):
         scheme = value.split("://", 1)[0]
         if not scheme or not all(c.isalnum() or c in "+-." for c in scheme):
@@ -87,7 +145,7 @@ def check_root(value: str) -> str | None:
             f"must be an absolute path (on shared storage every node must resolve it the same) "
             f"or a pyarrow.fs URI such as s3://bucket/prefix; got {value!r}"
         )
-    return None
+    return system_dir_problem(value)
 
 
 @dataclass(frozen=True)
