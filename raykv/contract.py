@@ -109,6 +109,23 @@ class TierEvent:
     removed: bool
 
 
+def check_primary_holds_a_block(primary_kv_view: memoryview) -> None:
+    """``ConfigError`` naming ``cpu_bytes_to_use`` when the primary has no chunk.
+
+    vLLM sizes its CPU primary as ``cpu_bytes_to_use // chunk bytes``: 0 chunks
+    when cpu_bytes is below one block. raykv's spec refuses that first; vLLM's
+    own spec builds an empty primary, from which nothing could be offloaded."""
+    if primary_kv_view.ndim == 2 and primary_kv_view.shape[0] < 1:
+        from raykv.validate import ConfigError
+
+        size = primary_kv_view.strides[0]
+        raise ConfigError(
+            "cpu_bytes_to_use",
+            f"the CPU primary holds no KV block ({size} bytes each): give it at least {size} bytes "
+            "(cpu_bytes), better many blocks",
+        )
+
+
 class SecondaryTier(ABC):
     """A secondary KV tier as seen from an engine's scheduler process.
 
@@ -151,6 +168,7 @@ class SecondaryTier(ABC):
         self.tier_type = tier_type
         self.block_size_bytes: int = primary_kv_view.strides[0]
         self.num_chunks: int = primary_kv_view.shape[0]
+        check_primary_holds_a_block(primary_kv_view)
         #: The engine's KV identity; every key this tier stores or looks up
         #: is scoped with its tag (``raykv.identity``).
         self.identity: KVIdentity = KVIdentity.from_dict(identity) if identity is not None else DEFAULT_IDENTITY

@@ -445,6 +445,18 @@ def test_cpu_primary_smaller_than_one_block():
         assert e.value.field == "cpu_bytes"
 
 
+@pytest.mark.parametrize("tier_type", ["example", "object_store", "fs"])
+def test_tier_over_a_primary_of_no_block_names_cpu_bytes(raykv_services, tmp_path, tier_type):
+    """A primary of 0 chunks (cpu_bytes below one block under vLLM's own spec, which then
+    builds an empty primary): every raykv tier refuses it, naming the field, before it starts."""
+    empty = memoryview(np.zeros((0, BLOCK), np.uint8))
+    cfg = {"type": tier_type, **({"root": str(tmp_path / "kv")} if tier_type == "fs" else {})}
+    with pytest.raises(ConfigError) as e:
+        TierFactory.create_tier(cfg, empty, services=raykv_services)
+    assert e.value.field == "cpu_bytes_to_use" and f"at least {BLOCK} bytes" in str(e.value), str(e.value)
+    assert not (tmp_path / "kv").exists()  # refused before anything started
+
+
 # -- the client API: arguments are checked, never coerced --------------------------------
 def test_api_arguments_are_named_not_coerced(raykv_services):
     from raykv.keys import make_offload_key

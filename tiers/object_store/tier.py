@@ -30,7 +30,7 @@ import ray
 from raykv.actor_tier import ActorCallTier
 from raykv.cluster import RaykvServices
 from raykv.config import namespace_option, opt
-from raykv.contract import ReqContext, TransferJob
+from raykv.contract import ReqContext, TransferJob, check_primary_holds_a_block
 from raykv.errors import RaykvError
 from raykv.identity import KVIdentity
 from raykv.keys import OffloadKey
@@ -108,6 +108,7 @@ class ObjectStoreTier(ActorCallTier):
         identity: KVIdentity | None = None,
         **_: Any,
     ) -> None:
+        check_primary_holds_a_block(primary_kv_view)  # an empty primary has no region to describe
         try:
             region = describe_region(primary_kv_view)
         except ValueError as e:

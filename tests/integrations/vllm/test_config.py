@@ -122,3 +122,24 @@ def test_raykv_config_becomes_adapter_entries() -> None:
         raykv_kv_transfer_config({"tiers": [{"type": "fs"}]})
     with pytest.raises(ConfigError, match=r"known types: example, example_node, fs, object_store"):
         raykv_kv_transfer_config({"tiers": [{"type": "redis"}]})
+
+
+@pytest.mark.slow
+def test_engine_refuses_a_cpu_primary_below_one_block(vllm_env, tiny_model, capfd) -> None:
+    """cpu_bytes of 4 KiB, below one 128 KiB block of the tiny model: a real engine does not
+    start, and says which field and how much it needs. (vLLM raises "Engine core
+    initialization failed. See root cause above."; the root cause, on the engine's stderr,
+    is raykv's error.)"""
+    from vllm import LLM
+
+    with pytest.raises(Exception) as e:
+        LLM(
+            model=tiny_model,
+            max_model_len=1024,
+            enforce_eager=True,
+            kv_transfer_config=kv_transfer_config(cpu_bytes=4096),
+        )
+    text = str(e.value) + capfd.readouterr().err
+    assert "cpu_bytes_to_use: 4096 bytes is smaller than one KV block of this model (131072 bytes)" in text, text[
+        -3000:
+    ]
