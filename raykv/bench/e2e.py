@@ -47,7 +47,7 @@ from raykv.demo.replicas import (
     run_trace,
     start_local_cluster,
 )
-from raykv.demo.workload import build_trace, model_len_for, oracle_hits
+from raykv.demo.workload import REPLY_TOKENS, build_trace, model_len_for, oracle_hits
 
 HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no offload, CPU offload, vLLM fs, raykv"
 
@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}"
+    )
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        default=REPLY_TOKENS,
+        help=f"tokens generated per request (default {REPLY_TOKENS}: the reply the next turn carries)",
     )
 
 
@@ -136,7 +142,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
-    kw = engine_kwargs(model_len_for(trace, BLOCK_TOKENS), ENGINE_BLOCKS)
+    output_tokens = getattr(args, "output_tokens", REPLY_TOKENS)
+    if output_tokens < 1:
+        raise ValueError(f"--output-tokens: must be >= 1, got {output_tokens}")
+    kw = engine_kwargs(model_len_for(trace, BLOCK_TOKENS, output_tokens=output_tokens), ENGINE_BLOCKS)
     chunk = chunk_bytes(model)
     info = machine()
     cluster, nodes = start_local_cluster(args.replicas)
@@ -165,8 +174,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     before=then.before,
                     concurrency=in_flight,
                     warm_prefix=oracle_per_request if name == "engine_hit" else None,
+                    output_tokens=output_tokens,
                 )
                 cpu[name] = after.pop("cpu")
+                trace_s = after.pop("trace_s")
                 if "probe" in after:
                     probes[name] = after["probe"]
                 if "lookups" in after:
@@ -179,6 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ttft = [r["ttft_ms"] for r in results]
                 promoted = [r["ttft_ms"] for r in results if r["cached_tokens"] >= HIT_PREFIX_TOKENS]
                 hits = sum(r["cached_tokens"] for r in results)
+                tpot = [r["decode_ms_per_token"] for r in results if r["decode_ms_per_token"] is not None]
                 per_config[name] = {
                     "hit_tokens": hits,
                     "hit_rate": hits / prompt_tokens,
@@ -189,6 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "promoted_requests": len(promoted),
                     "ttft_p50_promoted_ms": percentile(promoted, 50) if promoted else None,
                     "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
+                    "tpot_p50_ms": percentile(tpot, 50) if tpot else None,
+                    "requests_per_s": len(results) / trace_s,
                     "wall_s_with_replica_start": wall,
                 }
     finally:
@@ -202,6 +216,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": model_name,
         "replicas": args.replicas,
         "sessions_in_flight": in_flight,
+        "output_tokens": output_tokens,
         "primary_chunks": PRIMARY_CHUNKS,
         "engine_blocks": ENGINE_BLOCKS,
         "requests": len(trace),
@@ -229,14 +244,18 @@ class _TraceCpu:
     def __init__(self, then: Any) -> None:
         self.then = then
         self.start: dict[int, tuple[str, float]] = {}
+        self.t0 = 0.0
 
     def before(self) -> None:
         self.start = cpu_by_role()
+        self.t0 = time.perf_counter()
 
     def after(self, replicas: list[Any]) -> dict[str, Any]:
+        trace_s = time.perf_counter() - self.t0
         spent = cpu_delta(self.start, cpu_by_role())
         out = dict(self.then(replicas)) if self.then is not None else {}
         out["cpu"] = spent
+        out["trace_s"] = trace_s
         return out
 
 
@@ -398,7 +417,8 @@ def format_result(r: dict[str, Any]) -> str:
             c["ttft_p50_ms"],
             c["ttft_p99_ms"],
             c.get("ttft_p50_promoted_ms"),
-            c["prompt_tokens_per_s"],
+            c.get("tpot_p50_ms"),
+            c.get("requests_per_s"),
         )
         for name, c in r["configs"].items()
     ]
@@ -408,6 +428,7 @@ def format_result(r: dict[str, Any]) -> str:
             r["oracle_hit_tokens"],
             f"{r['oracle_hit_rate']:.0%}",
             "100%",
+            None,
             None,
             None,
             None,
@@ -429,7 +450,8 @@ def format_result(r: dict[str, Any]) -> str:
         "TTFT p50 ms",
         "TTFT p99 ms",
         "p50 promoted ms",
-        "prompt tok/s",
+        "TPOT p50 ms",
+        "requests/s",
     )
     out = [table(cols, rows, title=head)]
     for name, counts in (r.get("raykv_lookups") or {}).items():

@@ -33,9 +33,18 @@ class Completion:
     token_ids: list[int]
     top_logprobs: list[tuple[int, float]]  # first output token's top-k
     decode_ms_per_token: float | None = None  # after the first token; None for one-token outputs
+    #: per output token, the top two logprobs: where they are within float
+    #: noise, another run may pick the other token (`raykv.demo.correctness`)
+    top2: list[tuple[float, float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _top2(position: dict[int, Any]) -> tuple[float, float]:
+    """The two highest logprobs at one output position (-inf for a missing runner-up)."""
+    top = sorted((float(lp.logprob) for lp in position.values()), reverse=True) + [float("-inf")]
+    return top[0], top[1]
 
 
 class EngineReplica:
@@ -82,7 +91,7 @@ class EngineReplica:
         if warm_prefix_tokens > 0:
             warm = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
             self.loop.submit(prompt_token_ids[:warm_prefix_tokens], warm).result(600)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, extra_args=extra)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, ignore_eos=True, extra_args=extra)
         pending = self.loop.submit(prompt_token_ids, params)
         out = pending.result(600)
         if settle:
@@ -98,6 +107,7 @@ class EngineReplica:
             token_ids=list(out.outputs[0].token_ids),
             top_logprobs=[(int(t), float(lp.logprob)) for t, lp in first.items()],
             decode_ms_per_token=decode,
+            top2=[_top2(pos) for pos in out.outputs[0].logprobs or []],
         ).to_dict()
 
     def settle(self, timeout_s: float = 30.0) -> bool:
@@ -237,6 +247,7 @@ def run_trace(
     before: Callable[[], Any] | None = None,
     concurrency: int | None = None,
     warm_prefix: Sequence[int] | None = None,
+    output_tokens: int = 1,
 ) -> tuple[list[dict[str, Any]], Any]:
     """Start one replica per node, call ``before()``, send ``trace`` (requests with
     ``session``, ``turn``, ``replica`` and ``prompt_token_ids``), then ``after(replicas)``,
@@ -247,7 +258,8 @@ def run_trace(
     offloads after each (a barrier: what tests of exact hit counts want). Else
     up to ``concurrency`` sessions are in flight, with no barrier (`send_sessions`).
     ``warm_prefix[i]``: prompt tokens of request ``i`` put in its replica's own
-    prefix cache first (untimed).
+    prefix cache first (untimed). ``output_tokens``: tokens generated per request
+    (the next turn of a session follows the whole answer; TTFT is to the first).
     """
     from raykv.demo.tiny_model import make_prompt_tokens
 
@@ -263,7 +275,9 @@ def run_trace(
 
         def send(req: Any, settle: bool) -> Any:
             warm = warm_prefix[req.index] if warm_prefix is not None else 0
-            return replicas[req.replica].generate.remote(req.prompt_token_ids, settle=settle, warm_prefix_tokens=warm)
+            return replicas[req.replica].generate.remote(
+                req.prompt_token_ids, max_tokens=output_tokens, settle=settle, warm_prefix_tokens=warm
+            )
 
         if concurrency is None:
             results = []

@@ -5,7 +5,8 @@ runs one vLLM engine replica per node, as a Ray actor, each with a small
 engine KV cache. The model is the bench model (prefill priced per KV byte
 like a real model's: ``raykv.demo.tiny_model``). A multi-turn, shared-prefix
 workload goes round-robin over the replicas, sessions in flight at once and
-each turn sent as soon as the previous one answered (no wait for offloads):
+each turn sent as soon as the previous one's whole answer (32 tokens, the
+reply the next turn carries) came back, with no wait for offloads:
 
 - *baseline*: vLLM with per-replica CPU offload only (what each replica
   remembers by itself), its CPU primary sized as a deployment sizes it;
@@ -41,7 +42,7 @@ from raykv.demo.replicas import (
     run_trace,
     start_local_cluster,
 )
-from raykv.demo.workload import build_trace, model_len_for, oracle_hit_tokens
+from raykv.demo.workload import REPLY_TOKENS, build_trace, model_len_for, oracle_hit_tokens
 
 NAMESPACE = "raykv-demo"
 ENGINE_BLOCKS = 16  # a small engine cache: 2048 tokens, about one session
@@ -106,7 +107,7 @@ def demo(
     model_path = model or build_bench_model()
     in_flight = replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=sessions, turns=turns, replicas=replicas)
-    max_len = model_len_for(trace, BLOCK_TOKENS)
+    max_len = model_len_for(trace, BLOCK_TOKENS, output_tokens=REPLY_TOKENS)
     cpu_bytes = deployment_primary_chunks(ENGINE_BLOCKS) * chunk_bytes(model_path)
     cluster, nodes = start_local_cluster(replicas)
     progress = tqdm(total=2 * len(trace), disable=not show_progress, file=sys.stderr, unit="req")
@@ -121,6 +122,7 @@ def demo(
                 engine_kwargs(max_len, ENGINE_BLOCKS),
                 progress,
                 concurrency=in_flight,
+                output_tokens=REPLY_TOKENS,
             )
             config = {
                 "namespace": NAMESPACE,
@@ -140,6 +142,7 @@ def demo(
                 progress,
                 after=exact_probe,
                 concurrency=in_flight,
+                output_tokens=REPLY_TOKENS,
             )
             from raykv.status import collect_status
 

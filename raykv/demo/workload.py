@@ -13,6 +13,11 @@ from dataclasses import dataclass
 
 from raykv.demo.tiny_model import make_prompt_tokens
 
+#: Tokens of the (synthetic) assistant reply that each turn appends to the
+#: history: replicas generate this many tokens per request, so the next turn
+#: follows a whole answer, as a client's would.
+REPLY_TOKENS = 32
+
 
 @dataclass(frozen=True)
 class TraceRequest:
@@ -42,7 +47,7 @@ def build_trace(
             prompt = history[s] + user
             i = len(out)
             out.append(TraceRequest(i, s, t, i % replicas, prompt))
-            reply = make_prompt_tokens(32, seed=40_000 + 1009 * seed + 31 * s + t)
+            reply = make_prompt_tokens(REPLY_TOKENS, seed=40_000 + 1009 * seed + 31 * s + t)
             history[s] = prompt + reply
     return out
 

@@ -62,3 +62,17 @@ def test_bit_exact_means_every_bit() -> None:
     nudged = copy.deepcopy(REFERENCE[0])
     nudged["top_logprobs"][4] = (1201, -7.62 + 1e-12)
     assert not bit_exact(REFERENCE[0], nudged)
+
+
+def test_a_token_may_differ_only_after_a_near_tie() -> None:
+    ref = {"token_ids": [5, 6, 7], "top_logprobs": [(5, -0.5), (9, -1.5)], "top2": [(-0.5, -1.5), (-0.9, -0.91)]}
+    # position 1 is a near-tie (0.01 apart): the other run may continue differently from there
+    other = {"token_ids": [5, 8, 3], "top_logprobs": [(5, -0.5), (9, -1.5)]}
+    assert compare_outputs([ref], [other], "bfloat16").ok
+    # position 0 was decisive (1.0 apart): a different token there is a real mismatch
+    other = {"token_ids": [4, 6, 7], "top_logprobs": [(5, -0.5), (9, -1.5)]}
+    assert compare_outputs([ref], [other], "bfloat16").token_mismatches == [0]
+    # a lone candidate is no tie
+    lone = {**ref, "top2": [(-0.5, float("-inf")), (-0.9, float("-inf"))]}
+    other = {"token_ids": [5, 8, 3], "top_logprobs": [(5, -0.5), (9, -1.5)]}
+    assert not compare_outputs([lone], [other], "bfloat16").ok
