@@ -45,9 +45,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     import raykv
+    from raykv.shm_cleanup import clean_cluster, summary
 
     raykv.attach(args.namespace or "raykv", address=args.address).shutdown()
     print("raykv stopped")
+    # vLLM's CPU-offload segments of engines that died before unlinking them
+    # outlive `ray down`: remove those no process uses, on every node.
+    print(summary(clean_cluster()))
     return 0
 
 
@@ -152,7 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_invalidate)
 
-    sp = sub.add_parser("stop", help="stop raykv's actors (their cached blocks go too)")
+    sp = sub.add_parser(
+        "stop",
+        help="stop raykv's actors (their cached blocks go too) and remove vLLM's leftover "
+        "/dev/shm/vllm_offload_* segments that no process uses",
+    )
     common(sp)
     sp.set_defaults(func=cmd_stop)
 
