@@ -178,6 +178,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 cpu[name] = after.pop("cpu")
                 trace_s = after.pop("trace_s")
+                drops = after.pop("cascade_dropped_blocks")
                 if "probe" in after:
                     probes[name] = after["probe"]
                 if "lookups" in after:
@@ -203,6 +204,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
                     "tpot_p50_ms": percentile(tpot, 50) if tpot else None,
                     "requests_per_s": len(results) / trace_s,
+                    # blocks computed that never reached the CPU primary (full), so no tier got them
+                    "cascade_dropped_blocks": drops,
                     "wall_s_with_replica_start": wall,
                 }
     finally:
@@ -251,11 +254,15 @@ class _TraceCpu:
         self.t0 = time.perf_counter()
 
     def after(self, replicas: list[Any]) -> dict[str, Any]:
+        import ray
+
         trace_s = time.perf_counter() - self.t0
         spent = cpu_delta(self.start, cpu_by_role())
+        drops = sum(ray.get([r.cascade_drops.remote() for r in replicas], timeout=120))
         out = dict(self.then(replicas)) if self.then is not None else {}
         out["cpu"] = spent
         out["trace_s"] = trace_s
+        out["cascade_dropped_blocks"] = drops
         return out
 
 
@@ -480,6 +487,11 @@ def format_result(r: dict[str, Any]) -> str:
             f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, {where} "
             f"{p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
         )
+    drops = {name: c.get("cascade_dropped_blocks") for name, c in r["configs"].items()}
+    out.append(
+        "blocks vLLM's cascade dropped (CPU primary full): "
+        + ", ".join(f"{name} {n}" for name, n in drops.items() if n is not None)
+    )
     for name, roles in (r.get("trace_cpu_s") or {}).items():
         top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])
         out.append(f"CPU seconds over the {name} trace: {sum(roles.values()):.1f} ({top})")

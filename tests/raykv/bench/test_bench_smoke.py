@@ -122,6 +122,7 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     # the floor: every request finds its whole cacheable prefix in the serving engine's own cache
     assert cfg["engine_hit"]["hit_tokens"] == out["oracle_hit_tokens"] > 0
     assert out["sessions_in_flight"] == 2  # no barrier: one session per replica in flight
+    assert all(c["cascade_dropped_blocks"] >= 0 for c in cfg.values())
     floor = out["floor_ratio"]
     assert floor["ttft_p50_to_engine_hit"] == pytest.approx(
         cfg["raykv"]["ttft_p50_ms"] / cfg["engine_hit"]["ttft_p50_ms"]
@@ -131,7 +132,7 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     assert floor["probe_to_engine_hit"] == pytest.approx(
         probes["raykv"]["raykv_ttft_p50_ms"] / probes["engine_hit"]["raykv_ttft_p50_ms"]
     )
-    names = [t["name"] for t in out["targets"]]
+    names = [t["target"] for t in out["targets"]]
     assert "1k-prefix probe TTFT raykv / engine_hit floor" in names
     for t in out["targets"]:
         _check_verdict(t)
