@@ -141,6 +141,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)
+    oracle = sum(oracle_per_request)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
     output_tokens = getattr(args, "output_tokens", REPLY_TOKENS)
     if output_tokens < 1:
@@ -179,6 +180,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cpu[name] = after.pop("cpu")
                 trace_s = after.pop("trace_s")
                 drops = after.pop("cascade_dropped_blocks")
+                by_source = after.pop("hits_by_source")
                 if "probe" in after:
                     probes[name] = after["probe"]
                 if "lookups" in after:
@@ -206,13 +208,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "requests_per_s": len(results) / trace_s,
                     # blocks computed that never reached the CPU primary (full), so no tier got them
                     "cascade_dropped_blocks": drops,
+                    # vLLM's prompt_tokens_cached_by_source over the trace (engine cache, each tier)
+                    "hits_by_source": by_source,
+                    "hits_by_source_of_oracle": {k: v / oracle for k, v in by_source.items()} if oracle else {},
                     "wall_s_with_replica_start": wall,
                 }
     finally:
         progress.close()
         ray.shutdown()
         cluster.shutdown()
-    oracle = sum(oracle_per_request)
     result: dict[str, Any] = {
         "benchmark": "e2e",
         "machine": info,
@@ -259,10 +263,15 @@ class _TraceCpu:
         trace_s = time.perf_counter() - self.t0
         spent = cpu_delta(self.start, cpu_by_role())
         drops = sum(ray.get([r.cascade_drops.remote() for r in replicas], timeout=120))
+        by_source: dict[str, float] = {}
+        for hits in ray.get([r.hits_by_source.remote() for r in replicas], timeout=120):
+            for source, tokens in hits.items():
+                by_source[source] = by_source.get(source, 0.0) + tokens
         out = dict(self.then(replicas)) if self.then is not None else {}
         out["cpu"] = spent
         out["trace_s"] = trace_s
         out["cascade_dropped_blocks"] = drops
+        out["hits_by_source"] = {k: v for k, v in by_source.items() if v}
         return out
 
 
@@ -487,6 +496,13 @@ def format_result(r: dict[str, Any]) -> str:
             f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, {where} "
             f"{p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
         )
+    for name, c in r["configs"].items():
+        shares = c.get("hits_by_source_of_oracle") or {}
+        if shares:
+            out.append(
+                f"{name} hits by source, share of the oracle's: "
+                + ", ".join(f"{src} {share:.0%}" for src, share in sorted(shares.items()))
+            )
     drops = {name: c.get("cascade_dropped_blocks") for name, c in r["configs"].items()}
     out.append(
         "blocks vLLM's cascade dropped (CPU primary full): "

@@ -58,7 +58,7 @@ class Comparison:
         return not self.token_mismatches and not self.logprob_mismatches
 
     def line(self) -> str:
-        """One line a person reads: the verdict, the largest difference and the tolerance."""
+        """Two lines a person reads: the verdict, then the largest difference and the tolerance."""
         verdict = "yes" if self.ok else "NO"
         bad = ""
         if not self.ok:
@@ -67,9 +67,9 @@ class Comparison:
                 f"logprobs beyond tolerance in requests {self.logprob_mismatches}"
             )
         return (
-            f"outputs equal (token ids; top-5 logprobs within tolerance), {self.requests} requests: {verdict}; "
-            f"largest logprob difference {self.max_diff:.2g} (tolerance there {self.tolerance_at_max:.2g}: "
-            f"{tolerance_rule(self.dtype)}){bad}"
+            f"outputs equal (token ids; top-5 logprobs within tolerance), {self.requests} requests: {verdict}{bad}\n"
+            f"  largest logprob difference {self.max_diff:.2g}, tolerance there {self.tolerance_at_max:.2g} "
+            f"({tolerance_rule(self.dtype)})"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -123,6 +123,8 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     assert cfg["engine_hit"]["hit_tokens"] == out["oracle_hit_tokens"] > 0
     assert out["sessions_in_flight"] == 2  # no barrier: one session per replica in flight
     assert all(c["cascade_dropped_blocks"] >= 0 for c in cfg.values())
+    # hits by source (vLLM's counters): the floor's all come from the engine's own cache
+    assert sum(cfg["engine_hit"]["hits_by_source"].values()) >= cfg["engine_hit"]["hit_tokens"]
     floor = out["floor_ratio"]
     assert floor["ttft_p50_to_engine_hit"] == pytest.approx(
         cfg["raykv"]["ttft_p50_ms"] / cfg["engine_hit"]["ttft_p50_ms"]
