@@ -38,6 +38,7 @@ from raykv.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
 from raykv.metrics.recorders import TierMetrics
 from raykv.placement import HolderInfo
 from raykv.polling import ActorLiveness, HoldingsFeed, poll_ref
+from raykv.step_cost import COUNTS
 from raykv.tenants import TenantSharing
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class DirectoryBackedTier(SecondaryTier):
         self.services.planner.add(self.key_tag, self)
         self.tenant_sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
         self._lookup_wait_s = float(getattr(self.services.config, "lookup_wait_ms", 0.0)) / 1000
+        self._retry_budget_s = float(getattr(self.services.config, "lookup_retry_budget_ms", 50.0)) / 1000
 
     # -- KV events -----------------------------------------------------------
     #: The holder actor whose holdings this tier reports (set by subclasses).
@@ -151,12 +153,35 @@ class DirectoryBackedTier(SecondaryTier):
         if holders is None and req_context is not None and self._resolve_prefix(key, req_context):
             holders = self._cache.get(key)
         if holders is None:
-            self._cache.request(key)
+            self._cache.request(key)  # asked anyway: the answer serves later requests
+            if req_context is not None:
+                if self._retry_budget_spent(req_context):
+                    self.metrics.retry_budget_miss()
+                    self.metrics.lookup(LookupResult.MISS)
+                    return LookupResult.MISS
+                req_context.retries += 1
             self.metrics.lookup(LookupResult.RETRY)
             return LookupResult.RETRY
         result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
         self.metrics.lookup(result)  # a local count; flushed to Ray once per step
         return result
+
+    def _retry_budget_spent(self, req_context: ReqContext) -> bool:
+        """Whether ``req_context``'s request has been held back by RETRY for
+        ``lookup_retry_budget_ms`` (its own ``retry_budget_s`` when set): since
+        the first of its RETRYs in consecutive lookup rounds. A round in which
+        it got none (all its keys answered, or it was not looked up) ends the
+        run, so a request that waits in the queue for other reasons, or comes
+        back after a preemption, gets its budget again."""
+        budget = req_context.retry_budget_s
+        if budget is None:
+            budget = self._retry_budget_s
+        now = time.monotonic()
+        current = self._cache.round
+        if req_context.retry_since is None or req_context.retry_round < current - 1:
+            req_context.retry_since = now
+        req_context.retry_round = current
+        return now - req_context.retry_since >= budget
 
     def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
         """At a request's first unknown key: look up its whole prefix (or this
@@ -324,6 +349,7 @@ class ActorCallTier(DirectoryBackedTier):
             if not self._inflight:
                 return
             refs = list(self._inflight)
+        COUNTS.polls += 1
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         now = time.monotonic()
         ready_set = set(ready)

@@ -152,6 +152,21 @@ class RaykvConfig:
         "It waits only while its recent directory round trips fit in this (one probe a second otherwise); "
         "0: never wait (the prefix still goes in one call)",
     )
+    # A RETRY holds a request back one engine step; one is normal (its keys are
+    # asked at the end of the step, answered in a round trip of ~1 ms). 50 ms is
+    # tens of round trips even on a loaded host and a few decode steps; past it the
+    # directory is not answering in time, and prefilling a 1k-token prefix costs
+    # about that (130 ms here for the 20M realistic-ratio model, tens of ms on a
+    # GPU for 8B), so waiting longer costs the request more than computing.
+    lookup_retry_budget_ms: float = opt(
+        50.0,
+        kind=float,
+        min=0.0,
+        max=60_000.0,
+        doc="how long a request may be held back by RETRY answers (its directory answer not back yet) in a run "
+        "of consecutive lookup rounds; past it, its still-unknown keys answer MISS and it computes them "
+        "(counted in raykv_lookup_retry_budget_misses); 0: never RETRY",
+    )
     lookup_cache_entries: int = opt(
         131_072,
         kind=int,

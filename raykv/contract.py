@@ -66,6 +66,17 @@ class ReqContext:
     prefix_keys: Callable[[], Sequence[bytes]] | None = field(default=None, repr=False, compare=False)
     #: Set by a tier once it resolved this request's prefix (one wait per request).
     prefix_resolved: bool = field(default=False, repr=False, compare=False)
+    #: RETRY answers this request got from raykv's tiers (all tiers; ``raykv.step_cost``).
+    retries: int = field(default=0, repr=False, compare=False)
+    #: This request's RETRY budget in seconds (None: the namespace's
+    #: ``lookup_retry_budget_ms``; ``TierDriver`` waits out its own timeout instead).
+    retry_budget_s: float | None = field(default=None, repr=False, compare=False)
+    #: When the request's current run of RETRY steps began (monotonic s), and
+    #: the lookup round (``LookupCache.round``) of its last RETRY.
+    retry_since: float | None = field(default=None, repr=False, compare=False)
+    retry_round: int = field(default=-2, repr=False, compare=False)
+    #: Set once its RETRY count went to the step meter (``StepCost.request_finished``).
+    cost_reported: bool = field(default=False, repr=False, compare=False)
 
 
 @dataclass

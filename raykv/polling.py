@@ -9,12 +9,14 @@ from typing import Any
 import ray
 
 from raykv.contract import TierEvent
+from raykv.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
 
 
 def poll_ref(ref: ray.ObjectRef) -> tuple[bool, Any, BaseException | None]:
     """An actor call's outcome if it has one, without waiting: ``(done, value, error)``."""
+    COUNTS.polls += 1
     ready, _ = ray.wait([ref], timeout=0)
     if not ready:
         return False, None, None

@@ -46,3 +46,38 @@ def cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, 
         if spent > 0:
             totals[role] = totals.get(role, 0.0) + spent
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
+
+
+#: raykv's process roles, by the roles ``cpu_by_role`` names. Engines count whole
+#: (vLLM's compute too): raykv's own share of their scheduler thread is
+#: ``raykv_engine_tier_seconds`` (``raykv.step_cost``).
+RAYKV_ROLES = {
+    "ObjectStoreActor": "holder actors",
+    "FsRootActor": "holder actors",
+    "ExampleNodeActor": "holder actors",
+    "EngineCacheActor": "holder actors",
+    "DirectoryShard": "directory shards",
+    "ControlActor": "control",
+    "ProxyActor": "Serve proxy (request router)",
+    "EngineReplica": "engines",
+}
+
+
+def raykv_role(role: str) -> str | None:
+    """The raykv process role of a ``cpu_by_role`` role (None: not one of raykv's)."""
+    if role.startswith("ServeReplica"):
+        return "engines"
+    return RAYKV_ROLES.get(role)
+
+
+def cpu_per_request(spent: dict[str, float], requests: int) -> dict[str, float]:
+    """CPU seconds per served request of each raykv process role, from a
+    ``cpu_delta`` over a trace that served ``requests`` requests, busiest first."""
+    if requests <= 0:
+        raise ValueError(f"requests must be > 0, got {requests}")
+    out: dict[str, float] = {}
+    for role, seconds in spent.items():
+        group = raykv_role(role)
+        if group is not None:
+            out[group] = out.get(group, 0.0) + seconds / requests
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

@@ -139,6 +139,14 @@ class EngineReplica:
             out["rtt_ms"] = rtt * 1000
         return out
 
+    def raykv_step_cost(self) -> dict[str, float | None]:
+        """raykv's cost on this engine's scheduler thread so far: steps, seconds per
+        step (mean, p50, p99), polls and lookup waits per step, RETRYs per request
+        (``vllm:raykv_engine_*``; ``raykv.integrations.vllm.stats.read_step_cost``)."""
+        from raykv.integrations.vllm.stats import read_step_cost
+
+        return read_step_cost(self.llm.get_metrics())
+
     def cascade_drops(self) -> int:
         """Blocks this engine computed that never reached its CPU primary (it was full), so
         no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""

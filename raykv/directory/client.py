@@ -22,6 +22,7 @@ import ray
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
 from raykv.keys import bytes_and_length, checked_keys, shard_of
 from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
+from raykv.step_cost import COUNTS
 from raykv.validate import ArgumentError, timeout_arg
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class PendingLookup:
 
     def done(self) -> bool:
         refs = [ref for _, ref in self.parts]
+        COUNTS.polls += 1
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         return len(ready) == len(refs)
 
@@ -217,6 +219,11 @@ class LookupCache:
         self._timed: set[int] = set()  # ids of waited-for lookups that answered late
         #: holders of our own stores that registered while the key's lookup was in flight
         self._stored_in_flight: dict[bytes, list[HolderInfo]] = {}
+        #: Lookup rounds: one per engine step that looked anything up (the first
+        #: ``flush`` after a ``poll``). A request RETRY'd in two rounds in a row
+        #: is still held back (``lookup_retry_budget_ms``).
+        self.round = 0
+        self._looked = False
 
     def __len__(self) -> int:
         """Answers kept now (at most ``max_entries``)."""
@@ -257,6 +264,9 @@ class LookupCache:
 
     def flush(self) -> None:
         """Send every queued key in one batched lookup (one call per shard)."""
+        if self._looked:
+            self._looked = False
+            self.round += 1
         with self._lock:
             if not self._queued:
                 return
@@ -294,7 +304,8 @@ class LookupCache:
                     del self._in_flight[k]
 
     def poll(self) -> None:
-        """Absorb finished lookups without blocking."""
+        """Absorb finished lookups without blocking (tiers call it at each lookup)."""
+        self._looked = True
         with self._lock:
             pending = list(self._pending)
         for p in pending:
@@ -372,7 +383,13 @@ class LookupCache:
             self._answer(unknown, [[] for _ in unknown])
             return True
         refs = pending.refs()
+        t0 = time.perf_counter_ns()
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        if timeout_s > 0:
+            COUNTS.waits += 1
+            COUNTS.wait_ns += time.perf_counter_ns() - t0
+        else:
+            COUNTS.polls += 1
         if len(ready) == len(refs):
             if timeout_s > 0:
                 self._observe_rtt(time.monotonic() - pending.sent_at)

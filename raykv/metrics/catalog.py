@@ -23,6 +23,28 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 #: Job latency buckets (seconds): sub-millisecond plasma hits to slow shared storage.
 LATENCY_BOUNDARIES = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
+#: raykv's time per engine step (``raykv.step_cost``): 10 µs to 1 s, the
+#: issue-21 targets (0.5 ms p50, 2 ms p99) on bucket edges.
+STEP_BOUNDARIES = (
+    1e-05,
+    2.5e-05,
+    5e-05,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    1.0,
+)
+#: RETRY answers per request (integers: 0, 1, 2, 3-4, 5-8, ...; Ray wants positive bounds).
+RETRY_BOUNDARIES = (0.5, 1.5, 2.5, 4.5, 8.5, 16.5, 32.5, 64.5, 128.5)
+
 ENGINE_TAGS = ("tier", "node")
 JOB_TAGS = ("tier", "node", "kind")
 ACTOR_TAGS = ("tier", "node", "holder")
@@ -73,6 +95,52 @@ _SPECS = (
         "submit-to-result time of store/load jobs",
         JOB_TAGS,
         LATENCY_BOUNDARIES,
+    ),
+    MetricSpec(
+        "raykv_lookup_retry_budget_misses",
+        COUNTER,
+        "lookups answered MISS instead of RETRY: the request had waited out lookup_retry_budget_ms",
+        ENGINE_TAGS,
+    ),
+    # -- engine side: raykv's cost on the engine's scheduler thread (raykv.step_cost), per node
+    MetricSpec(
+        "raykv_engine_step_seconds",
+        HISTOGRAM,
+        "time the engine's scheduler thread spent inside raykv's tier methods, per engine step",
+        ("node",),
+        STEP_BOUNDARIES,
+    ),
+    MetricSpec("raykv_engine_steps", COUNTER, "engine steps measured (raykv_engine_step_seconds)", ("node",)),
+    MetricSpec(
+        "raykv_engine_tier_seconds",
+        COUNTER,
+        "time the engine's scheduler thread spent inside raykv's tier methods, all steps",
+        ("node",),
+    ),
+    MetricSpec(
+        "raykv_engine_polls",
+        COUNTER,
+        "non-blocking ray.wait polls made by raykv's tiers in the engine process (jobs, liveness, directory answers)",
+        ("node",),
+    ),
+    MetricSpec(
+        "raykv_engine_lookup_waits",
+        COUNTER,
+        "times a request's first lookup waited for the directory (lookup_wait_ms)",
+        ("node",),
+    ),
+    MetricSpec(
+        "raykv_engine_lookup_wait_seconds",
+        COUNTER,
+        "time spent waiting for the directory at requests' first lookups (lookup_wait_ms)",
+        ("node",),
+    ),
+    MetricSpec(
+        "raykv_request_retries",
+        HISTOGRAM,
+        "RETRY answers raykv's tiers gave one request (observed when the request finishes)",
+        ("node",),
+        RETRY_BOUNDARIES,
     ),
     # -- engine side: per engine process's node and raykv namespace (raykv.integrations.vllm.drops)
     MetricSpec(

@@ -33,6 +33,7 @@ class TierMetrics:
         self.tags = {"tier": tier, "node": node}
         self._lock = threading.Lock()
         self._lookups = {LookupResult.HIT: 0, LookupResult.MISS: 0, LookupResult.RETRY: 0}
+        self._budget_misses = 0  # MISS answers given because a request's RETRY budget was spent
         self._counts: dict[str, int] = {}
         self._jobs: dict[str, dict[str, int]] = {}  # kind -> {"finished": n, "failed": n}
         self._latencies: list[tuple[str, float]] = []
@@ -44,6 +45,10 @@ class TierMetrics:
 
     def lookup(self, result: LookupResult) -> None:
         self._lookups[result] = self._lookups.get(result, 0) + 1
+
+    def retry_budget_miss(self) -> None:
+        """One lookup answered MISS (also counted by ``lookup``) past its request's RETRY budget."""
+        self._budget_misses += 1
 
     def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None:
         """Account one job's result (its kind comes from ``is_promotion``: loads promote)."""
@@ -77,6 +82,8 @@ class TierMetrics:
         self._lookups[LookupResult.HIT] -= hits
         self._lookups[LookupResult.MISS] -= misses
         self._lookups[LookupResult.RETRY] -= retries
+        budget_misses = self._budget_misses
+        self._budget_misses -= budget_misses
         with self._lock:
             counts, self._counts = self._counts, {}
             jobs, self._jobs = self._jobs, {}
@@ -90,6 +97,7 @@ class TierMetrics:
                 "raykv_lookup_hits": hits,
                 "raykv_lookup_misses": misses,
                 "raykv_lookup_retries": retries,
+                "raykv_lookup_retry_budget_misses": budget_misses,
             }
         )
         for name, value in counts.items():

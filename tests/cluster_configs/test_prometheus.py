@@ -75,6 +75,11 @@ class Engine:
         drv = TierDriver(self.tiers[tier])
         if op == "lookup":
             out: Any = [r.name for r in drv.lookup(keys)]
+        elif op == "past_budget":  # an engine's request whose RETRY budget is spent: unknown keys answer MISS
+            from raykv.contract import ReqContext
+
+            req = ReqContext("past-budget", retry_budget_s=0.0)
+            out = [self.tiers[tier].lookup(k, req).name for k in keys]
         elif op == "store":
             out = drv.store(keys, slots).success
         else:
@@ -199,7 +204,8 @@ def _query(url: str, expr: str) -> list[dict[str, Any]]:
 
 
 def _traffic(root: str) -> None:
-    """Hits, misses, failed loads, evictions, a cross-node pull and a corrupt file."""
+    """Hits, misses, failed loads, evictions, a cross-node pull, a corrupt file, and
+    lookups past a request's RETRY budget; every driver call is an engine step."""
     a = Engine.options(resources={"node_a": 0.01}).remote(root)
     b = Engine.options(resources={"node_b": 0.01}).remote(root)
     try:
@@ -211,6 +217,8 @@ def _traffic(root: str) -> None:
             assert ray.get(b.run.remote(tier, "load", keys[:4], list(range(20, 24))))  # object_store: a remote pull
             assert not ray.get(a.run.remote(tier, "load", keys[18:20], [24, 25]))  # never stored: a failed job
             assert ray.get(a.run.remote(tier, "store", keys[8:18], list(range(8, 18))))  # over capacity: evictions
+        fresh = raykv.prefix_keys(list(range(16 * 4)), 16, salt="past-budget")
+        assert ray.get(a.run.remote("object_store", "past_budget", fresh, [])) == ["MISS"] * 4
         from raykv.identity import scoped_keys
         from tiers.fs.storage import open_storage
 

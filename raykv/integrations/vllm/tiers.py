@@ -26,7 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from collections.abc import Collection, Iterable
+from time import perf_counter_ns as _now
 from typing import Any, ClassVar
 
 from raykv.integrations.vllm import require_vllm
@@ -57,6 +59,7 @@ from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
 from raykv.integrations.vllm.kv_events import EngineEventsBridge, connect_endpoint  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
+from raykv.step_cost import StepCost  # noqa: E402
 from raykv.validate import request_params, request_tenant_value  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,22 @@ _POLICY = {
 #: Adapter options (not the raykv tier's); the kv_connector_extra_config
 #: keys ``raykv_<name>`` give engine-wide defaults.
 _IDENTITY_OPTIONS = ("model_revision", "weights_fingerprint")
+
+
+#: One ``StepCost`` per engine: its tiers share the engine's ``offloading_spec``.
+_ENGINE_COSTS: weakref.WeakKeyDictionary[Any, StepCost] = weakref.WeakKeyDictionary()
+
+
+def engine_step_cost(offloading_spec: Any, node: Any = None) -> StepCost:
+    """The step meter of the engine that ``offloading_spec`` configures
+    (one per engine, shared by its raykv tiers; ``raykv.step_cost``)."""
+    try:
+        cost = _ENGINE_COSTS.get(offloading_spec)
+        if cost is None:
+            cost = _ENGINE_COSTS[offloading_spec] = StepCost(node)
+        return cost
+    except TypeError:  # a spec that takes no weak reference: a meter of the tier's own
+        return StepCost(node)
 
 
 def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
@@ -163,6 +182,13 @@ class RaykvTier(SecondaryTierManager):
         self.engine_events = self._forward_engine_events(offloading_spec, engine_cache)
         self._stats = TierStats(tier_type)
         self._locality = Locality.LOCAL
+        # raykv's time on the scheduler thread: every contract method below adds
+        # its own to the engine's meter. A step ends at the last raykv tier's
+        # on_schedule_end: vLLM 0.29-0.33 call every tier's once per scheduler
+        # step (TieringOffloadingManager.on_schedule_end, from the connector's
+        # build_connector_meta), in the order the tiers were built.
+        self.step_cost = engine_step_cost(offloading_spec, getattr(self.raykv_tier, "node_id", None))
+        self.step_cost.members.append(self)
         logger.info(
             "raykv %s tier attached to vLLM %s (%s), identity %s [%s]",
             raykv_type,
@@ -205,59 +231,110 @@ class RaykvTier(SecondaryTierManager):
         return bridge
 
     # -- contract ------------------------------------------------------------
+    # Each method adds its time to the engine's step meter (two clock reads;
+    # ``raykv.step_cost``): that sum per step is raykv's cost on the scheduler thread.
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return _LOOKUP[self.raykv_tier.lookup(key, to_raykv_context(req_context)).name]
+        t0 = _now()
+        try:
+            return _LOOKUP[self.raykv_tier.lookup(key, to_raykv_context(req_context)).name]
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        self.raykv_tier.submit_store(self._job(job_metadata))
+        t0 = _now()
+        try:
+            self.raykv_tier.submit_store(self._job(job_metadata))
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        self.raykv_tier.submit_load(self._job(job_metadata))
+        t0 = _now()
+        try:
+            self.raykv_tier.submit_load(self._job(job_metadata))
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        return [
-            compat.job_result(
-                job_id=r.job_id,
-                success=r.success,
-                successful_keys=r.successful_keys,
-                transfer_time=r.transfer_time,
-                transfer_bytes=r.transfer_bytes,
-            )
-            for r in self.raykv_tier.get_finished_jobs()
-        ]
+        t0 = _now()
+        try:
+            return [
+                compat.job_result(
+                    job_id=r.job_id,
+                    success=r.success,
+                    successful_keys=r.successful_keys,
+                    transfer_time=r.transfer_time,
+                    transfer_bytes=r.transfer_bytes,
+                )
+                for r in self.raykv_tier.get_finished_jobs()
+            ]
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def has_pending_work(self) -> bool:
-        return self.raykv_tier.has_pending_work()
+        t0 = _now()
+        try:
+            return self.raykv_tier.has_pending_work()
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        self.raykv_tier.touch(keys, to_raykv_context(req_context))
+        t0 = _now()
+        try:
+            self.raykv_tier.touch(keys, to_raykv_context(req_context))
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        decided = self.raykv_tier.on_new_request(to_raykv_context(req_context))
-        return RequestOffloadingContext(policy=_POLICY[decided.policy])
+        t0 = _now()
+        try:
+            decided = self.raykv_tier.on_new_request(to_raykv_context(req_context))
+            return RequestOffloadingContext(policy=_POLICY[decided.policy])
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self.raykv_tier.on_request_finished(to_raykv_context(req_context))
+        t0 = _now()
+        try:
+            ctx = to_raykv_context(req_context)
+            self.raykv_tier.on_request_finished(ctx)
+            self.step_cost.request_finished(ctx)  # its RETRYs, once per request
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def on_schedule_end(self, context: Any = None) -> None:
-        self.raykv_tier.on_schedule_end()
+        cost = self.step_cost
+        t0 = _now()
+        try:
+            self.raykv_tier.on_schedule_end()
+        finally:
+            cost.ns += _now() - t0
+            if cost.closer is self:
+                cost.step_end()
 
     def drain_jobs(self) -> None:
-        self.raykv_tier.drain_jobs()
+        t0 = _now()
+        try:
+            self.raykv_tier.drain_jobs()
+        finally:
+            self.step_cost.ns += _now() - t0
 
     def take_events(self) -> Iterable[OffloadingEvent]:
         """Blocks of this engine's identity that the tier started or stopped
         holding (vLLM publishes them to its KV-event consumers)."""
-        return [
-            OffloadingEvent(
-                keys=list(e.keys),
-                medium=self.medium,
-                removed=e.removed,
-                locality=self._locality,
-                ownership=self.tier_type,
-            )
-            for e in self.raykv_tier.take_events()
-        ]
+        t0 = _now()
+        try:
+            return [
+                OffloadingEvent(
+                    keys=list(e.keys),
+                    medium=self.medium,
+                    removed=e.removed,
+                    locality=self._locality,
+                    ownership=self.tier_type,
+                )
+                for e in self.raykv_tier.take_events()
+            ]
+        finally:
+            self.step_cost.ns += _now() - t0
 
     @classmethod
     def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
@@ -265,10 +342,20 @@ class RaykvTier(SecondaryTierManager):
         return TierStats.definitions()
 
     def get_stats(self) -> Any:
-        """What this tier counted since the last call, as vLLM connector stats."""
-        return self._stats.take(getattr(self.raykv_tier, "metrics", None))
+        """What this tier counted since the last call, as vLLM connector stats;
+        the engine's step and request costs ride with its last raykv tier's."""
+        t0 = _now()
+        cost = self.step_cost
+        try:
+            return self._stats.take(getattr(self.raykv_tier, "metrics", None), cost if cost.closer is self else None)
+        finally:
+            cost.ns += _now() - t0
 
     def shutdown(self) -> None:
+        cost = self.step_cost
+        if self in cost.members:
+            cost.members.remove(self)
+        cost.export()  # what the last second measured
         if self.engine_events is not None:
             self.engine_events.stop()
         self.raykv_tier.shutdown()

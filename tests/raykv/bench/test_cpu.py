@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import ray
 
-from raykv.bench.cpu import cpu_by_role, cpu_delta
+from raykv.bench.cpu import cpu_by_role, cpu_delta, cpu_per_request
 
 
 def _burn(seconds: float) -> None:
@@ -38,3 +39,20 @@ def test_a_process_that_ended_is_not_counted_and_a_new_one_counts_from_zero() ->
     before = {1_000_000_001: ("gone", 5.0), 1_000_000_002: ("kept", 1.0)}
     after = {1_000_000_002: ("kept", 3.5), 1_000_000_003: ("new", 0.5)}
     assert cpu_delta(before, after) == {"kept": 2.5, "new": 0.5}
+
+
+def test_cpu_per_request_groups_raykv_roles() -> None:
+    spent = {
+        "ObjectStoreActor": 2.0,
+        "FsRootActor": 1.0,
+        "DirectoryShard": 0.5,
+        "ControlActor": 0.1,
+        "ServeReplica:app:LLMServer": 6.0,
+        "raylet": 3.0,
+        "other": 9.0,
+    }
+    per = cpu_per_request(spent, 10)
+    assert per == pytest.approx({"engines": 0.6, "holder actors": 0.3, "directory shards": 0.05, "control": 0.01}), per
+    assert list(per) == ["engines", "holder actors", "directory shards", "control"]
+    with pytest.raises(ValueError, match="requests"):
+        cpu_per_request(spent, 0)

@@ -177,3 +177,35 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
     assert list(used) == [node["NodeID"]] and 0 < used[node["NodeID"]] <= cap[node["NodeID"]] == 24 * BLOCK
     reasons = scrape.sum_series(series, "ray_raykv_directory_invalidations_total", "reason")
     assert reasons.get("evicted", 0) > 0
+
+
+def test_engine_step_and_request_costs_reach_the_metrics_port(metrics_ray) -> None:
+    """raykv's time per engine step, its polls and the RETRYs per request
+    (``raykv.step_cost``) are exported as Ray metrics of the engine's node."""
+    services, _ = metrics_ray
+    with PrimaryRegion(16, BLOCK) as region:
+        tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+        try:
+            drv = TierDriver(tier)
+            keys = prefix_keys(list(range(50_000, 50_000 + 6 * 16)), 16)
+            assert drv.store(keys[:3], [0, 1, 2]).success
+            assert drv.lookup(keys) == [LookupResult.HIT] * 3 + [LookupResult.MISS] * 3
+        finally:
+            tier.shutdown()
+    node = ray.get_runtime_context().get_node_id()
+    wanted = (
+        "ray_raykv_engine_steps_total",
+        "ray_raykv_engine_tier_seconds_total",
+        "ray_raykv_engine_polls_total",
+        "ray_raykv_engine_step_seconds_count",
+        "ray_raykv_request_retries_count",
+    )
+
+    def missing(series) -> list[str]:
+        return [n for n in wanted if not scrape.sum_series(series, n, "node").get(node)]
+
+    series, left = _scrape_until(missing)
+    assert not left, left
+    steps = scrape.sum_series(series, "ray_raykv_engine_steps_total", "node")[node]
+    seconds = scrape.sum_series(series, "ray_raykv_engine_tier_seconds_total", "node")[node]
+    assert 0 < seconds / steps < 1.0, (seconds, steps)
