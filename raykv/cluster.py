@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _attached: dict[tuple[str, str], "RaykvServices"] = {}
+#: ``process_node_id`` answers, by (the node Ray connected this process to, the noted node).
+_node_ids: dict[tuple[str, str], str] = {}
 
 
 def ensure_ray(address: str | None = None) -> None:
@@ -40,6 +43,61 @@ def ensure_ray(address: str | None = None) -> None:
             f"no Ray cluster reachable at address={target!r}: start one with "
             "`ray start --head` (or `ray up`), or pass the cluster's address"
         ) from e
+
+
+def process_node_id() -> str:
+    """The Ray node (hex id) this process runs on, as raykv records it.
+
+    Ray's runtime context names the raylet the process is connected to. An
+    engine process that vLLM spawns under a Ray worker (a Ray Serve LLM
+    replica) is no Ray worker: it joins the cluster as a driver, and Ray
+    connects a driver to the head's raylet when several raylets share its host
+    (a simulated ``ray.cluster_utils.Cluster``). The replica itself runs on the
+    right node, and raykv's vLLM plugin notes that node in ``RAYKV_ENGINE_NODE``
+    before vLLM spawns the engine (``raykv.integrations.vllm.plugin``), so the
+    noted node wins when it is an alive node on the same host as the raylet the
+    process is connected to. On a multi-host cluster the two are the same node;
+    a noted node that is gone or on another host (an inherited leftover) is
+    ignored, with a warning.
+    """
+    from raykv.integrations.vllm.plugin import NODE_ENV
+
+    connected = ray.get_runtime_context().get_node_id()
+    noted = os.environ.get(NODE_ENV, "")
+    if not noted or noted == connected:
+        return connected
+    key = (connected, noted)
+    with _lock:
+        known = _node_ids.get(key)
+    if known is None:
+        known = _resolve_noted_node(connected, noted, NODE_ENV)
+        with _lock:
+            _node_ids[key] = known
+    return known
+
+
+def _resolve_noted_node(connected: str, noted: str, env: str) -> str:
+    """``noted`` when it is an alive node on ``connected``'s host, else ``connected``."""
+    try:
+        nodes = {n["NodeID"]: n for n in ray.nodes()}
+    except Exception as e:  # noqa: BLE001 - the process's own raylet is a safe answer
+        logger.warning("raykv: cannot read the cluster's nodes (%r); using node %s", e, connected)
+        return connected
+    mine, theirs = nodes.get(connected), nodes.get(noted)
+    if theirs is None or not theirs.get("Alive"):
+        logger.warning("raykv: %s=%s is no alive node of this cluster; using node %s", env, noted, connected)
+        return connected
+    if mine is None or mine.get("NodeManagerAddress") != theirs.get("NodeManagerAddress"):
+        logger.warning(
+            "raykv: %s=%s is a node of another host (%s); using node %s",
+            env,
+            noted,
+            theirs.get("NodeManagerAddress"),
+            connected,
+        )
+        return connected
+    logger.info("raykv: this process is on node %s (%s; Ray connected it to node %s)", noted, env, connected)
+    return noted
 
 
 def _namespace_problem(namespace: Any) -> str | None:
@@ -90,7 +148,8 @@ class RaykvServices:
 
     @staticmethod
     def node_id() -> str:
-        return ray.get_runtime_context().get_node_id()
+        """This process's node (``process_node_id``)."""
+        return process_node_id()
 
     def add_rule(self, rule: dict[str, Any]) -> int:
         """Register a policy rule at the directory; returns the rules version.

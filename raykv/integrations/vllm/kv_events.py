@@ -29,6 +29,7 @@ from typing import Any
 import ray
 
 from raykv import engine_cache
+from raykv.cluster import process_node_id
 from raykv.integrations.vllm.plugin import OWNER_ENV
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class EngineEventsBridge:
         self.endpoint = endpoint
         self.topic = topic
         self.tag = tag
-        node_id = ray.get_runtime_context().get_node_id()
+        node_id = process_node_id()  # the replica's node, also on a simulated cluster
         self.info = engine_cache.holder_info(namespace, node_id, os.environ.get(OWNER_ENV) or None)
         # Owned by this process (not detached): it dies with the engine, and the
         # directory, which watches it, drops the engine's blocks at once.

@@ -5,29 +5,45 @@ creates the engine (a Ray Serve replica, for Ray Serve LLM), before it spawns
 the engine process. There ``register`` notes the Ray actor running vLLM in
 ``RAYKV_ENGINE_OWNER``, which the engine process inherits: raykv's engine-cache
 holder then names the replica it belongs to, so a request router can send a
-request to the replica whose engine holds its prefix. It imports nothing heavy
+request to the replica whose engine holds its prefix.
+
+It also notes the replica's Ray node in ``RAYKV_ENGINE_NODE``. The engine process
+is no Ray worker: raykv's tiers join Ray from it as a driver, and where several
+raylets share a host (a simulated ``ray.cluster_utils.Cluster``) Ray connects a
+driver to the head's, whose node id the runtime context then reports. raykv's
+engine side takes its node from ``raykv.cluster.process_node_id``, which prefers
+the noted node (on a multi-host cluster the two agree). It imports nothing heavy
 and may run many times.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 #: The Ray actor id (hex) of the process that created the engine.
 OWNER_ENV = "RAYKV_ENGINE_OWNER"
+#: The Ray node id (hex) of the Ray worker that created the engine.
+NODE_ENV = "RAYKV_ENGINE_NODE"
 
 
 def register() -> None:
-    """Note this process's Ray actor (when it is one) for the engine it is about to spawn."""
-    if os.environ.get(OWNER_ENV):
+    """Note this process's Ray actor (when it is one) and, in a Ray worker, its
+    node, for the engine it is about to spawn."""
+    ray = sys.modules.get("ray")
+    if ray is None:  # not even imported: this process has not joined Ray
         return
     try:
-        import ray
-
         if not ray.is_initialized():
             return
-        actor_id = ray.get_runtime_context().get_actor_id()
+        context = ray.get_runtime_context()
+        actor_id = context.get_actor_id()
+        # A Ray worker's node is its raylet's; a driver's (such as the engine
+        # process itself, once raykv joined Ray from it) may be the head's.
+        node_id = context.get_node_id() if context.worker.mode == ray.WORKER_MODE else None
     except Exception:  # noqa: BLE001 - a plugin must never stop vLLM from starting
         return
-    if actor_id:
+    if actor_id and not os.environ.get(OWNER_ENV):
         os.environ[OWNER_ENV] = actor_id
+    if node_id:
+        os.environ[NODE_ENV] = node_id
