@@ -250,13 +250,14 @@ def _run_router(
     try:
         serve.run(app, name="raykv-bench-routing", route_prefix="/", blocking=False)
         watch = EngineWatch(services, model)
-        watch.wait_engines(args.replicas)
+        engines = watch.wait_engines(args.replicas)
         _warm_up(args.replicas)
         # The router's cost is measured over the trace: its one-off set-up (vLLM's
         # hashing, the tokenizer) falls on the warm-up requests, counted before.
         before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
         summary = _summary(results, oracle)
+        summary["engine_nodes"] = len({e["node_id"] for e in engines})  # one replica per simulated node
         if before is not None:
             summary["router_ms_per_request"], summary["router_stage_ms"] = _router_cost_ms(before)
         summary["cascade_dropped_blocks"] = cascade_drops(namespace)
@@ -344,7 +345,8 @@ class EngineWatch:
         self.model = model
         self._layout: Any = None
 
-    def wait_engines(self, n: int, timeout_s: float = 600) -> None:
+    def wait_engines(self, n: int, timeout_s: float = 600) -> list[dict[str, Any]]:
+        """Until the app answers and ``n`` engines announced their caches; returns their holders."""
         import requests
 
         from raykv.placement import ENGINE
@@ -357,7 +359,7 @@ class EngineWatch:
                 ok = False
             engines = [h for h in self.services.holders() if h["medium"] == ENGINE]
             if ok and len(engines) >= n:
-                return
+                return engines
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the Serve app did not come up with {n} engines in {timeout_s:.0f} s")
             time.sleep(1)

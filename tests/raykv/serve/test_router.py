@@ -1,6 +1,8 @@
 """The raykv request router on a real Ray Serve LLM app (tiny model, CPU vLLM) over a
-two-node ``ray.cluster_utils.Cluster``: follow-up turns go to the replica whose engine
-holds their prefix, an overloaded replica is skipped, a killed replica's engine
+three-node ``ray.cluster_utils.Cluster``, at most one replica per node: each engine
+registers its own node and stores through that node's object store actor, follow-up
+turns go to the replica whose engine holds their prefix, an overloaded replica is
+skipped, a killed replica's engine
 entries leave the directory at once and routing never picks it again, and a replica
 added to the running app (``num_replicas`` raised through Serve's external scaling
 API, what the dashboard's ``/scale`` endpoint calls) gets its first request's prefix
@@ -19,6 +21,7 @@ import requests
 from ray.cluster_utils import Cluster
 
 import raykv
+from raykv import naming
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.placement import ENGINE
 from raykv.routing import EngineLayout, block_hashes, request_keys
@@ -41,16 +44,19 @@ def routed_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any
 
     if ray.is_initialized():
         ray.shutdown()
+    # One llm_slot per node: two replicas always run on two simulated nodes; the
+    # third slot takes the replacement of a killed replica while its old one goes.
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
-            "num_cpus": 8,  # logical: two replicas (2 CPUs each in Serve LLM) and the ingress
+            "num_cpus": 8,  # logical: a replica (2 CPUs in Serve LLM) and the ingress
             "object_store_memory": 256 * MIB,
             "include_dashboard": False,
-            "resources": {"llm_slot": 2},
+            "resources": {"llm_slot": 1},
         },
     )
-    cluster.add_node(num_cpus=4, object_store_memory=256 * MIB, resources={"llm_slot": 1})
+    for _ in range(2):
+        cluster.add_node(num_cpus=4, object_store_memory=256 * MIB, resources={"llm_slot": 1})
     ray.init(address=cluster.address, log_to_driver=False)
     services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
     root = str(tmp_path_factory.mktemp("router-fs"))
@@ -199,6 +205,62 @@ def test_follow_up_turns_go_to_the_replica_holding_their_prefix(routed_app) -> N
         # The turn's new blocks were computed by the replica that held its first turn.
         assert _holders_of_block(app, prompt, 6) == {first[s]}, f"session {s} left its replica"
     app["first"] = first
+
+
+def _head_node() -> str:
+    (head,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"]]
+    return head
+
+
+def _actor_node(actor_id: str) -> str:
+    """The node a Ray actor runs on (hex id)."""
+    return ray._private.state.actors(actor_id=actor_id)["Address"]["NodeID"]
+
+
+def test_engines_register_their_own_nodes(routed_app) -> None:
+    """Each engine process joins Ray through ``RAY_ADDRESS``, which on this one-host
+    cluster connects it to the head's raylet; raykv still records it on its replica's
+    node, and its blocks go to that node's object store actor."""
+    app = routed_app
+    services = app["services"]
+    engines = _engine_holders(services)
+    assert len(engines) == 2
+    replica_node = {owner: _actor_node(owner) for owner in engines}
+    assert len(set(replica_node.values())) == 2, f"the replicas share a node: {replica_node}"
+    assert {h["node_id"] for h in engines.values()} == set(replica_node.values())
+    for owner, holder in engines.items():
+        assert holder["node_id"] == replica_node[owner], f"engine of replica {owner} registered another node"
+        cache_actor = ray.get_actor(holder["actor_name"], namespace=NAMESPACE)
+        # (soft affinity to the engine's node: where it runs is Ray's call)
+        print(
+            f"replica {owner[:8]}: node {holder['node_id'][:8]}, engine-cache actor on "
+            f"{_actor_node(cache_actor._actor_id.hex())[:8]}, head {_head_node()[:8]}"
+        )
+    # The sessions of the first test: each replica's blocks reached its own node's
+    # object store actor, never another node's (vLLM's cascade is best effort, so
+    # not necessarily every session's).
+    layout = _layout(app)
+    stored_on: dict[str, set[str]] = {owner: set() for owner in engines}
+    for s, owner in app["first"].items():
+        _, tier_keys = request_keys(block_hashes(_session(s, 1), layout.tokens_per_hash), layout)
+        deadline = time.monotonic() + 10
+        while True:
+            found = services.directory.lookup(tier_keys)
+            nodes = {h.node_id for hs in found for h in hs if h.tier_type == "object_store"}
+            if nodes or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert nodes <= {replica_node[owner]}, f"session {s} (replica on {replica_node[owner]}) stored on {nodes}"
+        stored_on[owner] |= nodes
+    assert stored_on == {owner: {node} for owner, node in replica_node.items()}, stored_on
+    # Each node's object store actor mapped the CPU primary of one engine: its own.
+    for node in replica_node.values():
+        actor = ray.get_actor(naming.object_store_actor(node), namespace=NAMESPACE)
+        stats = ray.get(actor.stats.remote(), timeout=30)
+        assert stats["node_id"] == node and stats["mapped_regions"] == 1, stats
+    # raykv status shows the two engines on their nodes.
+    rows = [t for t in collect_status(services, metrics=False)["tiers"] if t.get("owner") in engines]
+    assert {r.get("node_id") for r in rows} == set(replica_node.values()), rows
 
 
 def test_a_request_is_routed_away_from_an_overloaded_replica(routed_app) -> None:
