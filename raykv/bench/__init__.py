@@ -25,6 +25,7 @@ BENCHMARKS: dict[str, str] = {
     "directory": "raykv.bench.directory",
     "e2e": "raykv.bench.e2e",  # real vLLM engines; lands with the vLLM adapters
     "routing": "raykv.bench.routing",  # a Ray Serve LLM app under three request routers
+    "serve": "raykv.bench.serve",  # a Ray Serve LLM app with and without raykv under streaming load
 }
 
 

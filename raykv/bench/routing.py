@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.bench.serve_app import ENGINE_BLOCKS, bench_app, start_cluster
 from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
 
 HELP = "Ray Serve LLM replicas under Serve's default, prefix-affinity and raykv routers: hits by source, TTFT, load"
@@ -48,7 +49,6 @@ ROUTERS = ("default", "prefix_affinity", "raykv")
 BLOCK = 128
 URL = "http://127.0.0.1:8000/v1/completions"
 MODEL_ID = "bench"
-ENGINE_BLOCKS = 24
 #: A router that cannot serve a request in this time is reported as failed (the others still run).
 REQUEST_TIMEOUT_S = 60
 
@@ -146,7 +146,6 @@ def primary_chunks(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the trace under each router; returns the JSON result."""
     import ray
-    from ray.cluster_utils import Cluster
     from tqdm import tqdm
 
     from raykv.demo.replicas import chunk_bytes
@@ -170,13 +169,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     requests_total = sum(len(s.turns) for s in sessions)
     oracle = oracle_hit_tokens(sessions)
     info = machine()
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 6, "object_store_memory": 256 << 20, "resources": {"llm_slot": 1}},
-    )
-    for _ in range(args.replicas - 1):
-        cluster.add_node(num_cpus=4, object_store_memory=256 << 20, resources={"llm_slot": 1})
-    ray.init(address=cluster.address, log_to_driver=False)
+    cluster = start_cluster(args.replicas)
     progress = tqdm(total=len(routers) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
     per_router: dict[str, Any] = {}
     try:
@@ -221,31 +214,20 @@ def _run_router(
     cpu_bytes: int,
     oracle: int,
 ) -> dict[str, Any]:
-    import ray
     from ray import serve
 
     import raykv
-    from raykv.serve import build_app
 
     namespace = f"raykv-bench-routing-{name.replace('_', '-')}"
     services = raykv.start({"namespace": namespace, "directory_shards": 2})
-    app = build_app(
+    app = bench_app(
         model,
         model_id=MODEL_ID,
+        replicas=args.replicas,
+        router=name,
         raykv={"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
         cpu_bytes=cpu_bytes,
-        engine_kwargs={
-            "max_model_len": 2048,  # vLLM wants (ENGINE_BLOCKS - 1) x 128 >= it
-            "num_gpu_blocks_override": ENGINE_BLOCKS,
-            "enforce_eager": True,
-            "enable_prompt_tokens_details": True,
-        },
-        accelerator="cpu",
-        num_replicas=args.replicas,
-        router=name,
         engine_cache=True,  # every run records engine caches: that is how hits are attributed
-        placement_group_config={"bundles": [{"CPU": 1, "llm_slot": 1}]},
-        env={"RAY_ADDRESS": ray.get_runtime_context().gcs_address},
     )
     try:
         serve.run(app, name="raykv-bench-routing", route_prefix="/", blocking=False)

@@ -39,7 +39,7 @@ RAYKV_KV_EVENTS = {
 def llm_config(
     model: str,
     model_id: str | None = None,
-    raykv: dict[str, Any] | None = None,
+    raykv: dict[str, Any] | bool | None = None,
     *,
     cpu_bytes: int = 4 << 30,
     engine_kwargs: dict[str, Any] | None = None,
@@ -57,7 +57,9 @@ def llm_config(
         model: model path or hub id (``model_source``).
         model_id: the name clients ask for (default: ``model``).
         raykv: raykv config (``namespace``, ``tiers``); default: the object
-            store tier in namespace ``raykv``.
+            store tier in namespace ``raykv``. ``False``: no raykv at all (plain
+            vLLM with its own prefix cache, no offload: the baseline of a
+            comparison; the raykv router and ``engine_cache`` need raykv).
         cpu_bytes: the CPU primary tier of each engine.
         engine_kwargs: more vLLM engine arguments.
         accelerator: ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when the cluster has one).
@@ -75,6 +77,9 @@ def llm_config(
 
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
+    attach = raykv is not False
+    if raykv is True:
+        raykv = None
     raykv_cfg = dict(raykv or {})
     raykv_cfg.setdefault("tiers", DEFAULT_TIERS)
     kwargs = dict(engine_kwargs or {})
@@ -83,11 +88,14 @@ def llm_config(
         engine_cache = router == "raykv"
     if not isinstance(engine_cache, bool):
         raise ValueError(f"engine_cache must be true or false; got {engine_cache!r}")
+    if not attach and (router == "raykv" or engine_cache):
+        raise ValueError("raykv=False: the raykv router and engine_cache need raykv attached")
     if engine_cache:
         kwargs.setdefault("kv_events_config", dict(RAYKV_KV_EVENTS))
         ev = kwargs["kv_events_config"]
         events["raykv_engine_events"] = {"endpoint": ev.get("endpoint"), "topic": ev.get("topic", "")}
-    kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **events)
+    if attach:
+        kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **events)
     deployment: dict[str, Any] = {"num_replicas": num_replicas}
     if ROUTERS[router] is not None:
         router_options = dict(router_kwargs or {})
