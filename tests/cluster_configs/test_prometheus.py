@@ -105,6 +105,15 @@ class Engine:
         for source, tokens in by_source.items():
             record("raykv_router_prompt_tokens", tokens, {"deployment": "LLMServer:test", "source": source})
 
+    def dropped(self, blocks: int) -> None:
+        """What raykv's cascade-drop counter records for a request whose refused
+        blocks never reached the primary (``raykv.integrations.vllm.drops``; a real
+        engine's drops are tests/integrations/vllm/test_cascade_drops.py's)."""
+        from raykv.integrations.vllm.drops import METRIC
+        from raykv.metrics.catalog import record
+
+        record(METRIC, blocks, {"node": ray.get_runtime_context().get_node_id(), "namespace": NAMESPACE})
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, free_port):
@@ -231,6 +240,7 @@ def _traffic(root: str) -> None:
         assert not ray.get(a.run.remote("fs", "load", keys[17:18], [26]))
         for _ in range(3):
             ray.get(a.routed.remote(0.004, {"engine": 512, "raykv": 256, "recompute": 128}))
+            ray.get(a.dropped.remote(2))
     finally:
         ray.get([a.close.remote(), b.close.remote()])
 
