@@ -34,6 +34,12 @@ class ActorLiveness:
     it (``max_restarts``), and a new watch starts.
     """
 
+    #: How often a live actor's watch is polled. The engine polls once per
+    #: step per tier; a ``ray.wait`` on the watch each time was 3% of a
+    #: decoding engine thread's samples (py-spy, issue 21). A death is also
+    #: seen at once by any call to the actor that fails (``mark_dead``).
+    WATCH_POLL_S = 0.05
+
     def __init__(self, actor: Any, what: str, ping_period_s: float = 1.0) -> None:
         self.actor = actor
         self.what = what  # for logs: "object store actor of node ..."
@@ -42,6 +48,7 @@ class ActorLiveness:
         self._watch = actor.raykv_watch.remote()
         self._ping: Any = None
         self._next_ping = 0.0
+        self._next_watch_poll = 0.0
 
     def mark_dead(self, reason: str) -> None:
         """Record a death seen elsewhere (e.g. a call that raised ``RayActorError``)."""
@@ -52,6 +59,10 @@ class ActorLiveness:
     def poll(self) -> None:
         """Update ``alive`` from the watch and, while dead, the pings."""
         if self.alive:
+            now = time.monotonic()
+            if now < self._next_watch_poll:
+                return
+            self._next_watch_poll = now + self.WATCH_POLL_S
             if poll_ref(self._watch)[0]:
                 self.mark_dead("watch ended")
             return
