@@ -17,7 +17,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-serve lint test-vllm-matrix install clean
+.PHONY: demo test test-serve test-soak lint test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -55,6 +55,13 @@ test: $(STAMP)
 
 test-serve: $(STAMP)
 	RAYKV_PYTEST_HARD_EXIT=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve
+
+# The memory soak (tests/faults/test_memory_soak.py): RSS of raykv's processes
+# under churn, and the books at the end. 5 minutes by default (opt-in: not in CI);
+# RAYKV_MEMORY_SOAK_S=3600 for the hour-long run.
+RAYKV_MEMORY_SOAK_S ?= 300
+test-soak: $(STAMP)
+	RAYKV_PYTEST_HARD_EXIT=1 RAYKV_MEMORY_SOAK_S=$(RAYKV_MEMORY_SOAK_S) $(BIN)/python -m pytest --soak -s $(PYTEST_ARGS) tests/faults/test_memory_soak.py
 
 # The formatter and linter configured in pyproject.toml ([tool.ruff]).
 lint: $(STAMP)

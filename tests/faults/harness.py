@@ -17,6 +17,7 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ class _Req:
     phase: str = "lookup"  # lookup -> io -> done
     jobs: set = field(default_factory=set)
     recomputed: bool = False
+    tenant: str | None = None
 
 
 class Workload:
@@ -65,6 +67,7 @@ class Workload:
         max_requests: int = 6,
         job_deadline_s: float = 30.0,
         lookup_deadline_s: float = 10.0,
+        tenants: Sequence[str | None] = (None,),
     ) -> None:
         self.tiers = tiers
         self.array = array
@@ -73,6 +76,7 @@ class Workload:
         self.max_requests = max_requests
         self.job_deadline_s = job_deadline_s
         self.lookup_deadline_s = lookup_deadline_s
+        self.tenants = list(tenants)  # prefix i belongs to tenants[i % len(tenants)]
         self.refs = np.zeros(array.shape[0], dtype=np.int64)  # primary-slot refcounts
         self.free = list(range(array.shape[0]))
         self.reqs: dict[int, _Req] = {}
@@ -88,13 +92,14 @@ class Workload:
         while admit and len(self.reqs) < self.max_requests and len(self.free) >= BLOCKS_PER_REQ:
             i = self.rng.randrange(self.keyspace)
             slots = [self.free.pop() for _ in range(BLOCKS_PER_REQ)]
-            r = _Req(next(self._rids), request_keys(i), slots, now)
+            r = _Req(next(self._rids), request_keys(i), slots, now, tenant=self.tenants[i % len(self.tenants)])
             self.reqs[r.rid] = r
             self.c["requests"] += 1
-        ctx = ReqContext("w")
+        ctxs = {t: ReqContext("w", tenant=t) for t in self.tenants}
         for r in list(self.reqs.values()):
             if r.phase != "lookup":
                 continue
+            ctx = ctxs[r.tenant]
             answers = {n: [t.lookup(k, ctx) for k in r.keys] for n, t in self.tiers.items()}
             if any(LookupResult.RETRY in a for a in answers.values()):
                 if now - r.started > self.lookup_deadline_s:
@@ -122,7 +127,11 @@ class Workload:
 
     def _submit(self, r: _Req, tier: str, kind: str) -> None:
         job = TransferJob(
-            next(_job_ids), list(r.keys), np.asarray(r.slots, dtype=np.int64), kind == "load", ReqContext(f"r{r.rid}")
+            next(_job_ids),
+            list(r.keys),
+            np.asarray(r.slots, dtype=np.int64),
+            kind == "load",
+            ReqContext(f"r{r.rid}", tenant=r.tenant),
         )
         self.refs[r.slots] += 1
         self.jobs[job.job_id] = (r, tier, kind, time.monotonic())
