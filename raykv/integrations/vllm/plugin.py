@@ -14,12 +14,18 @@ driver to the head's, whose node id the runtime context then reports. raykv's
 engine side takes its node from ``raykv.cluster.process_node_id``, which prefers
 the noted node (on a multi-host cluster the two agree). It imports nothing heavy
 and may run many times.
+
+In every process it also requests the AMX tile state (``raykv.integrations.vllm.amx``):
+vLLM's CPU attention kernel uses AMX without asking, which kills an engine whose
+first forward pass is a fully cached prefix's last token.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from raykv.integrations.vllm.amx import request_amx_permission
 
 #: The Ray actor id (hex) of the process that created the engine.
 OWNER_ENV = "RAYKV_ENGINE_OWNER"
@@ -29,7 +35,8 @@ NODE_ENV = "RAYKV_ENGINE_NODE"
 
 def register() -> None:
     """Note this process's Ray actor (when it is one) and, in a Ray worker, its
-    node, for the engine it is about to spawn."""
+    node, for the engine it is about to spawn; request AMX tile state."""
+    request_amx_permission()
     ray = sys.modules.get("ray")
     if ray is None:  # not even imported: this process has not joined Ray
         return
