@@ -353,7 +353,13 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
     assert _cached(warm) >= TURN, warm["usage"]  # its first request's prefix came from raykv
     before = app["turn2"][1]
     assert warm["choices"][0]["text"] == before["choices"][0]["text"]
-    assert warm["choices"][0]["logprobs"]["top_logprobs"] == before["choices"][0]["logprobs"]["top_logprobs"]
+    # Not bit-equal: the two split the prompt between cached and computed tokens at
+    # different places (640 + 256 against 895 + 1), so float sums differ by ~1e-6.
+    for got, want in zip(
+        warm["choices"][0]["logprobs"]["top_logprobs"], before["choices"][0]["logprobs"]["top_logprobs"]
+    ):
+        assert got.keys() == want.keys()
+        assert got == pytest.approx(want, abs=1e-4)  # vLLM's CPU backend
     # raykv status shows the new engine's hits by source.
     deadline = time.monotonic() + 10
     while True:
