@@ -26,6 +26,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import (  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from raykv.integrations.vllm import compat  # noqa: E402
+from raykv.integrations.vllm.amx import request_amx_permission  # noqa: E402
 from raykv.integrations.vllm.config import check_primary_fits  # noqa: E402
 from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker  # noqa: E402
 from raykv.integrations.vllm.drops import CascadeDropCounter, metric_definitions  # noqa: E402
@@ -63,6 +64,9 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
         if _has_async_worker():
             return super().get_worker(kv_caches)
         if self._worker is None:
+            # The plugin asks too, but only where raykv is installed (an entry point):
+            # a worker with raykv on PYTHONPATH alone must not die on its first pass.
+            request_amx_permission()
             self._worker = self._create_sync_worker(kv_caches)  # type: ignore[assignment]
         return self._worker
 
