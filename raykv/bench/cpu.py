@@ -1,8 +1,9 @@
 """CPU seconds used by the processes of this host, grouped by role (benchmark profiles).
 
 A Ray worker's role is its actor class (its process title, ``ray::Class.method``);
-Ray's own daemons keep their names (``raylet``, ``gcs_server``); the rest is
-``other``. ``cpu_delta`` between two ``cpu_by_role`` snapshots says which
+vLLM's engine-core and worker processes are ``vLLM EngineCore`` / ``vLLM Worker...``
+(vLLM sets their titles ``VLLM::<name>``); Ray's own daemons keep their names
+(``raylet``, ``gcs_server``); the rest is ``other``. ``cpu_delta`` between two ``cpu_by_role`` snapshots says which
 processes a benchmark phase kept busy.
 """
 
@@ -20,6 +21,8 @@ def _role(proc: psutil.Process) -> str:
     title = cmd[0] if cmd else ""
     if title.startswith("ray::"):
         return title.removeprefix("ray::").split(".", 1)[0].split(" ", 1)[0] or "ray worker (idle)"
+    if title.startswith("VLLM::"):
+        return "vLLM " + (title.removeprefix("VLLM::").split(" ", 1)[0] or "process")
     if name in ("raylet", "gcs_server"):
         return name
     return "other"
@@ -58,7 +61,7 @@ RAYKV_ROLES = {
     "EngineCacheActor": "holder actors",
     "DirectoryShard": "directory shards",
     "ControlActor": "control",
-    "ProxyActor": "Serve proxy (request router)",
+    "ProxyActor": "Serve HTTP proxy",
     "EngineReplica": "engines",
 }
 
@@ -66,6 +69,10 @@ RAYKV_ROLES = {
 def raykv_role(role: str) -> str | None:
     """The raykv process role of a ``cpu_by_role`` role (None: not one of raykv's)."""
     if role.startswith("ServeReplica"):
+        # Serve LLM's engine replicas (LLMServer); the ingress replica runs the
+        # request router (Serve routes from the handle's caller).
+        return "engines" if "LLMServer" in role else "router (Serve ingress)"
+    if role.startswith("vLLM "):  # the engine processes Serve LLM's replicas start
         return "engines"
     return RAYKV_ROLES.get(role)
 

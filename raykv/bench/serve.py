@@ -504,6 +504,7 @@ def _run_config(
     from ray import serve
 
     import raykv
+    from raykv.bench.cpu import cpu_by_role, cpu_delta, cpu_per_request
     from raykv.bench.routing import _router_cost_ms, _router_totals, cascade_drops
     from raykv.bench.serve_app import bench_app
 
@@ -531,9 +532,11 @@ def _run_config(
         before = settled_cached_by_source(model_id)
         cost_before = _router_totals() if name == "raykv" else None
         body = {"model": model_id, "max_tokens": args.output_tokens, "temperature": 0.0, "ignore_eos": True}
+        cpu_before = cpu_by_role()
         records, wall_s, failed = drive(
             jobs, args.concurrency, lambda prompt: stream_completion(url, {**body, "prompt": prompt}), progress
         )
+        cpu_spent = cpu_delta(cpu_before, cpu_by_role())
         if failed:
             raise RuntimeError(f"{failed} of {sum(len(j.prompts) for j in jobs)} requests failed or timed out")
         # the client was told how many tokens were cached: wait for vLLM's counters to say as much
@@ -543,6 +546,9 @@ def _run_config(
         if engine_hit is None and not attached:
             engine_hit = sum(r["cached_tokens"] for r in records)  # no connector: every hit is the engine's
         out = summary(records, wall_s, oracle, engine_hit, by_source)
+        # every process of this host over the trace, raykv's roles per served request
+        out["cpu_s_by_role"] = cpu_spent
+        out["cpu_s_per_request"] = cpu_per_request(cpu_spent, len(records)) if records else {}
         out["router"] = router
         out["raykv"] = attached
         out["metrics_cached_tokens"] = sum(by_source.values()) if after else None  # vLLM's count: = cached_tokens
@@ -702,4 +708,15 @@ def format_result(result: dict[str, Any]) -> str:
     )
     cost = (result["configs"].get("raykv") or {}).get("router_ms_per_request")
     note = f"raykv router: {cost:.2f} ms per decision" if cost else ""
-    return "\n\n".join(filter(None, [head, body, legend, note, targets_table(result["targets"])]))
+    return "\n\n".join(filter(None, [head, body, legend, note, cpu_lines(result), targets_table(result["targets"])]))
+
+
+def cpu_lines(result: dict[str, Any]) -> str:
+    """CPU ms per served request of each process role, one line per configuration
+    (engines count whole: vLLM's compute too)."""
+    lines = []
+    for name, c in result["configs"].items():
+        per = c.get("cpu_s_per_request")
+        if per:
+            lines.append(f"  {name}: " + ", ".join(f"{role} {1000 * s:.1f}" for role, s in per.items()))
+    return "CPU ms per served request, by process role:\n" + "\n".join(lines) if lines else ""

@@ -47,12 +47,22 @@ def test_cpu_per_request_groups_raykv_roles() -> None:
         "FsRootActor": 1.0,
         "DirectoryShard": 0.5,
         "ControlActor": 0.1,
-        "ServeReplica:app:LLMServer": 6.0,
+        "ServeReplica:app:LLMServer": 4.0,
+        "vLLM EngineCore": 2.0,
+        "ServeReplica:app:OpenAiIngress": 0.4,
         "raylet": 3.0,
         "other": 9.0,
     }
     per = cpu_per_request(spent, 10)
-    assert per == pytest.approx({"engines": 0.6, "holder actors": 0.3, "directory shards": 0.05, "control": 0.01}), per
-    assert list(per) == ["engines", "holder actors", "directory shards", "control"]
+    assert per == pytest.approx(
+        {
+            "engines": 0.6,
+            "holder actors": 0.3,
+            "directory shards": 0.05,
+            "router (Serve ingress)": 0.04,
+            "control": 0.01,
+        }
+    ), per
+    assert list(per) == ["engines", "holder actors", "directory shards", "router (Serve ingress)", "control"]
     with pytest.raises(ValueError, match="requests"):
         cpu_per_request(spent, 0)

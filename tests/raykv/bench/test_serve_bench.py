@@ -259,6 +259,7 @@ def test_report() -> None:
     records = _records([100.0, 200.0])
     ok = bench_serve.summary(records, 1.0, 1000, 600, {"device": 600, "disk": 400})
     ok["cascade_dropped_blocks"] = 3
+    ok["cpu_s_per_request"] = {"engines": 0.0425, "holder actors": 0.002}
     configs = {
         "no_raykv": bench_serve.summary(records, 1.0, 1000, 1000),
         "raykv": ok,
@@ -290,6 +291,7 @@ def test_report() -> None:
     row = next(line for line in text.splitlines() if line.startswith("raykv ") and "bench serve" not in line)
     assert "60% / 40%" in row and row.rstrip().endswith("3")
     assert "failed: X: y" in text and "Targets" in text
+    assert "  raykv: engines 42.5, holder actors 2.0" in text.splitlines()
     assert "no_raykv = no raykv: Serve's default router, vLLM with no offload" in text
 
 

@@ -92,6 +92,10 @@ def test_bench_serve_quick_json(vllm_env) -> None:
             assert c["raykv_hit_tokens"] == 0, name  # no connector: every hit is the engine's own
         else:
             assert c["cascade_dropped_blocks"] >= 0, name
+            # raykv's holder actors worked for this config's requests
+            assert c["cpu_s_per_request"].get("holder actors", 0) > 0, (name, c["cpu_s_by_role"])
+        # the engines (Serve replicas and vLLM's processes) did the work
+        assert c["cpu_s_per_request"].get("engines", 0) > 0, (name, c["cpu_s_by_role"])
     assert out["configs"]["raykv"]["router_ms_per_request"] is not None
     names = [t["target"] for t in out["targets"]]
     assert len(names) == 6 and len(set(names)) == 6, names
