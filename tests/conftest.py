@@ -93,8 +93,14 @@ def raykv_services(ray_local):
 
 @pytest.fixture(scope="session")
 def vllm_env() -> None:
-    """Env that vLLM (and its spawned engine/worker processes) need; skips without vLLM."""
+    """Env that vLLM (and its spawned engine/worker processes) need; skips without vLLM,
+    and where this vLLM has no platform to run an engine on (the 0.33 API-level run of
+    ``make test-vllm-matrix``: the CUDA wheel's modules on a host without CUDA)."""
     pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    if not current_platform.device_type:
+        pytest.skip(f"vLLM {_vllm_version()} has no platform on this host: no engine can start")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     # Spawned processes must import raykv (the spec is loaded by module path)
     # even when it is not pip-installed.
@@ -138,3 +144,14 @@ def system_binary() -> Callable[..., str]:
     installed program (``override_env`` first, then ``names`` on PATH); the test
     skips without it, or fails when ``require_env`` is set."""
     return _system_binary
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        import vllm
+
+        return getattr(vllm, "__version__", "?")
