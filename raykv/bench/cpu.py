@@ -3,8 +3,8 @@
 A Ray worker's role is its actor class (its process title, ``ray::Class.method``);
 vLLM's engine-core and worker processes are ``vLLM EngineCore`` / ``vLLM Worker...``
 (vLLM sets their titles ``VLLM::<name>``); Ray's own daemons keep their names
-(``raylet``, ``gcs_server``); the rest is ``other``. ``cpu_delta`` between two ``cpu_by_role`` snapshots says which
-processes a benchmark phase kept busy.
+(``raylet``, ``gcs_server``); the rest is ``other``. ``cpu_delta`` between two
+``cpu_by_role`` snapshots says which processes a benchmark phase kept busy.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import psutil
 
 
-def _role(proc: psutil.Process) -> str:
+def process_role(proc: psutil.Process) -> str:
+    """A process's role: its Ray actor class, ``vLLM <name>``, a Ray daemon, or ``other``."""
     try:
         cmd = proc.cmdline()
         name = proc.name()
@@ -36,7 +37,7 @@ def cpu_by_role() -> dict[int, tuple[str, float]]:
             t = proc.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
-        out[proc.pid] = (_role(proc), t.user + t.system)
+        out[proc.pid] = (process_role(proc), t.user + t.system)
     return out
 
 

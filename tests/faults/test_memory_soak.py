@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
 import raykv  # noqa: E402
+from raykv.bench.cpu import process_role  # noqa: E402
 from raykv.factory import TierFactory  # noqa: E402
 from raykv.primary import PrimaryRegion  # noqa: E402
 
@@ -59,12 +60,11 @@ def _processes() -> dict[str, psutil.Process]:
     found: dict[str, psutil.Process] = {"test process (tier clients)": psutil.Process()}
     for proc in psutil.process_iter():
         try:
-            title = (proc.cmdline() or [""])[0]
-            if not title.startswith("ray::"):
+            role = process_role(proc)
+            if role not in ACTOR_ROLES:
                 continue
-            role = title.removeprefix("ray::").split(".", 1)[0].split(" ", 1)[0]
             parent = proc.parent()
-            if role not in ACTOR_ROLES or parent is None or session not in " ".join(parent.cmdline()):
+            if parent is None or session not in " ".join(parent.cmdline()):
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
