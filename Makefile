@@ -14,7 +14,7 @@ VLLM033   := .venvs/vllm-0.33
 STAMP033  := $(VLLM033)/.raykv-installed
 # The vLLM end-to-end and API tests each release runs.
 MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_cross_replica.py \
-	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/test_routing.py
+	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
 .PHONY: demo test test-serve test-soak lint test-vllm-matrix install clean

@@ -1,8 +1,7 @@
 """raykv: a cluster-wide KV cache for LLM serving on Ray."""
 
-from raykv.cluster import RaykvServices, attach, start
-from raykv.config import ConfigError, RaykvConfig
-from raykv.contract import (
+from raykv.config.options import RaykvConfig
+from raykv.core.contract import (
     JobResult,
     LookupResult,
     OffloadPolicy,
@@ -11,9 +10,11 @@ from raykv.contract import (
     SecondaryTier,
     TransferJob,
 )
-from raykv.errors import BlockError, RaykvError
-from raykv.factory import TierFactory
-from raykv.keys import OffloadKey, make_offload_key, prefix_keys
+from raykv.core.errors import BlockError, RaykvError
+from raykv.core.factory import TierFactory
+from raykv.core.keys import OffloadKey, make_offload_key, prefix_keys
+from raykv.core.validate import ConfigError
+from raykv.services.cluster import RaykvServices, attach, start
 
 __version__ = "0.1.0"
 

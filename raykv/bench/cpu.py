@@ -54,7 +54,7 @@ def cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, 
 
 #: raykv's process roles, by the roles ``cpu_by_role`` names. Engines count whole
 #: (vLLM's compute too): raykv's own share of their scheduler thread is
-#: ``raykv_engine_tier_seconds`` (``raykv.step_cost``).
+#: ``raykv_engine_tier_seconds`` (``raykv.metrics.step_cost``).
 RAYKV_ROLES = {
     "ObjectStoreActor": "holder actors",
     "FsRootActor": "holder actors",

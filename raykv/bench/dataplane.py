@@ -264,8 +264,8 @@ def _engine_class() -> Any:
 
         def setup(self, num_chunks: int, block_bytes: int) -> str:
             import raykv
-            from raykv.factory import TierFactory
-            from raykv.primary import PrimaryRegion
+            from raykv.core.factory import TierFactory
+            from raykv.engine.primary import PrimaryRegion
 
             self.close()
             self.region = PrimaryRegion(num_chunks, block_bytes)
@@ -279,7 +279,7 @@ def _engine_class() -> Any:
 
         def load(self, keys: list[bytes], chunks: list[int], expect: list[bytes]) -> tuple[float, bool]:
             """Seconds of a load job of ``keys`` (looked up first, untimed)."""
-            from raykv.tier_driver import TierDriver
+            from raykv.engine.tier_driver import TierDriver
 
             self.tier.lookup_blocking(keys)
             t0 = time.perf_counter()
@@ -385,9 +385,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: dict[str, Any]) -> dict[str, Any]:
     import ray
 
-    from raykv.factory import TierFactory
-    from raykv.primary import PrimaryRegion
-    from raykv.tier_driver import TierDriver
+    from raykv.core.factory import TierFactory
+    from raykv.engine.primary import PrimaryRegion
+    from raykv.engine.tier_driver import TierDriver
 
     rounds = s["rounds"] + 1  # the first is a warm-up
     total_steps = len(s["block_sizes"]) * (len(s["batches"]) + (1 if s["cross_node"] else 0)) * rounds
@@ -564,7 +564,7 @@ _job_ids = itertools.count(1)
 
 def _drained(tier: Any, store: bool, keys: list[bytes], chunks: list[int]) -> bool:
     """One fs tier job, waited for with ``drain_jobs`` (its threads finish jobs)."""
-    from raykv.contract import ReqContext, TransferJob
+    from raykv.core.contract import ReqContext, TransferJob
 
     job = TransferJob(next(_job_ids), keys, np.asarray(chunks, dtype=np.int64), not store, ReqContext("raykv-bench"))
     (tier.submit_store if store else tier.submit_load)(job)

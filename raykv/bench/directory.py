@@ -108,7 +108,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def _holder_class() -> Any:
     import ray
 
-    from raykv.holder_actor import WatchableActor
+    from raykv.holders.holder_actor import WatchableActor
 
     @ray.remote(num_cpus=0)
     class BenchHolder(WatchableActor):
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     import raykv
-    from raykv.placement import SHARED, HolderInfo
+    from raykv.core.placement import SHARED, HolderInfo
 
     max_keys = max(s["keys"])
     arg_bytes = max(s["call_sizes"]) * KEY_BYTES * (s["pipeline"] + 2) + REGISTER_BATCH * KEY_BYTES * 8
@@ -327,7 +327,7 @@ def _floor(directory: Any, pool: list[bytes], calls: int) -> dict[str, Any]:
 def _client_class() -> Any:
     import ray
 
-    from raykv.holder_actor import WatchableActor
+    from raykv.holders.holder_actor import WatchableActor
 
     @ray.remote(num_cpus=0)
     class BenchEngine(WatchableActor):
@@ -342,7 +342,7 @@ def _client_class() -> Any:
         def run(
             self, info: dict[str, Any], pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int
         ) -> dict[str, Any]:
-            from raykv.placement import prefix_of
+            from raykv.core.placement import prefix_of
 
             rng = random.Random(seed)
             mine: list[bytes] = []
@@ -371,7 +371,7 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
     """``s["clients"]`` simulated engines stepping against one shard at once."""
     import ray
 
-    from raykv.placement import PLASMA, HolderInfo
+    from raykv.core.placement import PLASMA, HolderInfo
 
     directory = services.directory
     cls = _client_class()
@@ -413,7 +413,7 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
 
 def _pipelined(directory: Any, pool: list[bytes], size: int, depth: int, rng: random.Random, quick: bool) -> float:
     """Keys/s with ``depth`` batched lookups in flight (one caller)."""
-    from raykv.placement import prefix_of
+    from raykv.core.placement import prefix_of
 
     rounds = 2 if quick else 5
     batches = [rng.sample(pool, min(size, len(pool))) for _ in range(depth * rounds)]

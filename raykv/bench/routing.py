@@ -331,7 +331,7 @@ class EngineWatch:
         """Until the app answers and ``n`` engines announced their caches; returns their holders."""
         import requests
 
-        from raykv.placement import ENGINE
+        from raykv.core.placement import ENGINE
 
         deadline = time.monotonic() + timeout_s
         while True:
@@ -347,7 +347,8 @@ class EngineWatch:
             time.sleep(1)
 
     def _keys(self, tokens: list[int]) -> list[bytes]:
-        from raykv.routing import EngineLayout, block_hashes, request_keys
+        from raykv.integrations.vllm.hashing import block_hashes
+        from raykv.serve.routing import EngineLayout, request_keys
 
         if self._layout is None:
             found = [(t, i) for t, i in self.services.identities().items() if i.get("model") == self.model]
@@ -357,7 +358,7 @@ class EngineWatch:
 
     def owners(self, tokens: list[int]) -> list[set[str]]:
         """Per full block of ``tokens``: the replicas (owner actor ids) whose engine holds it."""
-        from raykv.placement import ENGINE
+        from raykv.core.placement import ENGINE
 
         keys = self._keys(tokens)
         found = self.services.directory.lookup(keys) if keys else []

@@ -582,7 +582,7 @@ def _start_serve() -> str:
 
 def _wait_engines(services: Any, n: int, timeout_s: float = 300) -> None:
     """Until ``n`` engines have announced their caches to raykv's directory."""
-    from raykv.placement import ENGINE
+    from raykv.core.placement import ENGINE
 
     deadline = time.monotonic() + timeout_s
     while sum(1 for h in services.holders() if h["medium"] == ENGINE) < n:

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raykv.validate import ArgumentError
+from raykv.core.validate import ArgumentError
 
 #: Environment every replica gets: the engine in-process, a small CPU KV cache.
 REPLICA_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -154,7 +154,7 @@ class EngineReplica:
 
     def _lookup_rtt_s(self) -> float | None:
         """The smoothed directory round trip this process's engine measured (in-process engine only)."""
-        from raykv.cluster import attached_services
+        from raykv.services.cluster import attached_services
 
         rtts = [s.lookup_cache.rtt_s for s in attached_services() if s.lookup_cache.rtt_s is not None]
         return sum(rtts) / len(rtts) if rtts else None

@@ -144,7 +144,7 @@ def demo(
                 concurrency=in_flight,
                 output_tokens=REPLY_TOKENS,
             )
-            from raykv.status import collect_status
+            from raykv.ops.status import collect_status
 
             status = collect_status(services)
             services.shutdown()

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import ray
 
+from raykv.core.keys import bytes_and_length, checked_keys, shard_of
+from raykv.core.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
+from raykv.core.validate import ArgumentError, timeout_arg
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
-from raykv.keys import bytes_and_length, checked_keys, shard_of
-from raykv.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
-from raykv.step_cost import COUNTS
-from raykv.validate import ArgumentError, timeout_arg
+from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,13 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv import naming, status_log
+from raykv.core import naming
+from raykv.core.placement import HolderInfo, LookupReply
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import FingerprintTable
 from raykv.directory.holdersets import HolderSets
+from raykv.metrics import status_log
 from raykv.metrics.recorders import publish_shard_metrics
-from raykv.placement import HolderInfo, LookupReply
 
 logger = logging.getLogger(__name__)
 

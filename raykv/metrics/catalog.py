@@ -23,7 +23,7 @@ COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 #: Job latency buckets (seconds): sub-millisecond plasma hits to slow shared storage.
 LATENCY_BOUNDARIES = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
-#: raykv's time per engine step (``raykv.step_cost``): 10 µs to 1 s, the
+#: raykv's time per engine step (``raykv.metrics.step_cost``): 10 µs to 1 s, the
 #: issue-21 targets (0.5 ms p50, 2 ms p99) on bucket edges.
 STEP_BOUNDARIES = (
     1e-05,
@@ -102,7 +102,7 @@ _SPECS = (
         "lookups answered MISS instead of RETRY: the request had waited out lookup_retry_budget_ms",
         ENGINE_TAGS,
     ),
-    # -- engine side: raykv's cost on the engine's scheduler thread (raykv.step_cost), per node
+    # -- engine side: raykv's cost on the engine's scheduler thread (raykv.metrics.step_cost), per node
     MetricSpec(
         "raykv_engine_step_seconds",
         HISTOGRAM,
@@ -167,7 +167,7 @@ _SPECS = (
         "raykv_tier_removed_files",
         COUNTER,
         "block files removed by reason (corrupt, missing, unreadable, misnamed); each is logged with its key "
-        "and path (raykv.incidents)",
+        "and path (raykv.metrics.incidents)",
         (*ACTOR_TAGS, "reason"),
     ),
     MetricSpec("raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS),

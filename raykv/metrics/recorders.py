@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from raykv.contract import JobResult, LookupResult, TransferJob
-from raykv.jobs import FailureLog, failure_reason
+from raykv.core.contract import JobResult, LookupResult, TransferJob
+from raykv.core.jobs import FailureLog, failure_reason
 from raykv.metrics.catalog import record
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 - ``rules``: ``PolicyRule`` (validated from config or ``raykv rules add``),
   matching a request, and ``decide``.
 - ``cache``: ``PolicyCache``, an engine's versioned copy of the rules the
-  control actor keeps (``raykv.control``), refreshed by a long poll.
+  control actor keeps (``raykv.services.control``), refreshed by a long poll.
 """
 
 from raykv.policy.cache import PolicyCache

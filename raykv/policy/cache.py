@@ -8,7 +8,7 @@ from typing import Any
 
 import ray
 
-from raykv.contract import ReqContext, RequestOffloadingContext
+from raykv.core.contract import ReqContext, RequestOffloadingContext
 from raykv.policy.rules import PolicyRule, decide
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Offload-policy rules: which requests a tier wants at REQUEST_LEVEL.
 
-Rules live at the control actor (``raykv.control``); engines keep a versioned copy
+Rules live at the control actor (``raykv.services.control``); engines keep a versioned copy
 (``raykv.policy.cache.PolicyCache``) so ``on_new_request`` never waits on
 the network.
 """
@@ -11,9 +11,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raykv.config import ConfigError, opt, parse_options
-from raykv.contract import OffloadPolicy, ReqContext, RequestOffloadingContext
-from raykv.validate import as_mapping, json_value, request_params, request_tenant_value
+from raykv.core.contract import OffloadPolicy, ReqContext, RequestOffloadingContext
+from raykv.core.factory import TierFactory
+from raykv.core.fields import opt, parse_options
+from raykv.core.validate import ConfigError, as_mapping, json_value, request_params, request_tenant_value
 
 
 def _tier_problem(value: str) -> str | None:
@@ -111,8 +112,6 @@ def check_rule_tier(tier: str, where: str, configured: Sequence[str] | None = No
     """A rule's ``tier`` must be ``'*'`` or a tier that exists: one of
     ``configured`` when a config lists its tiers, else a known tier type (or
     one of ``also``)."""
-    from raykv.factory import TierFactory
-
     if tier == "*":
         return
     if configured is not None:

@@ -5,16 +5,16 @@ prompts as they are), names the prompt's blocks as vLLM does, asks the
 directory in one batched call which engines hold each leading block in their
 own KV cache and which raykv tiers hold it, and ranks the candidate replicas by
 the prefill they would save, weighed against their queues
-(``raykv.routing``). Serve then sends the request to the least loaded replica
+(``raykv.serve.routing``). Serve then sends the request to the least loaded replica
 of the first rank that has room. Anything that goes wrong (no prompt, no
 tokenizer, no engine identity yet, a slow directory) falls back to Serve's
 power-of-two-choices: routing never fails a request.
 
 Turn it on with ``raykv.serve.build_app(..., router="raykv")`` or ``router:
 raykv`` in a Serve YAML: that also turns on the engines' KV events, which
-record each engine's own cache in the directory (``raykv.engine_cache``).
+record each engine's own cache in the directory (``raykv.holders.engine_cache``).
 Supported: Ray 2.60's ``RequestRouter`` API (alpha); vLLM 0.29, 0.32 and 0.33 block hashing
-(``raykv.routing`` reads the installed release's ``cache_salt`` form).
+(``raykv.serve.routing`` reads the installed release's ``cache_salt`` form).
 """
 
 from __future__ import annotations
@@ -30,19 +30,18 @@ from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 from ray.serve._private.request_router.request_router import LocalityMixin, MultiplexMixin, RequestRouter
 from ray.serve.request_router import PendingRequest, RunningReplica
 
+from raykv.core.validate import ArgumentError
+from raykv.integrations.vllm.hashing import block_hashes, prepare_hashing
 from raykv.metrics.catalog import record
-from raykv.routing import (
+from raykv.serve.routing import (
     Candidate,
     EngineLayout,
     Match,
     RankPolicy,
-    block_hashes,
     match,
-    prepare_hashing,
     rank,
     request_keys,
 )
-from raykv.validate import ArgumentError
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             return self._layouts
         self._layouts_at = now
         if self._services is None:
-            from raykv.cluster import attach
+            from raykv.services.cluster import attach
 
             self._services = await asyncio.to_thread(attach, self._namespace)
         identities = await self._services.control.identities.remote()

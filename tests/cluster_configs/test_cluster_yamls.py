@@ -14,7 +14,7 @@ import pytest
 import ray.autoscaler
 import yaml
 
-from raykv.config import RaykvConfig
+from raykv.config.options import RaykvConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "cluster_configs"
 SCHEMA_PATH = Path(ray.autoscaler.__file__).parent / "ray-schema.json"

@@ -54,8 +54,8 @@ class Engine:
     """An engine-side client of the object_store and fs tiers over its own primary region."""
 
     def __init__(self, root: str) -> None:
-        from raykv.factory import TierFactory
-        from raykv.primary import PrimaryRegion
+        from raykv.core.factory import TierFactory
+        from raykv.engine.primary import PrimaryRegion
 
         self.region = PrimaryRegion(32, BLOCK)
         self.region.array[:] = np.random.default_rng(0).integers(0, 256, self.region.array.shape, dtype=np.uint8)
@@ -70,13 +70,13 @@ class Engine:
         }
 
     def run(self, tier: str, op: str, keys: list[bytes], slots: list[int]) -> Any:
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         drv = TierDriver(self.tiers[tier])
         if op == "lookup":
             out: Any = [r.name for r in drv.lookup(keys)]
         elif op == "past_budget":  # an engine's request whose RETRY budget is spent: unknown keys answer MISS
-            from raykv.contract import ReqContext
+            from raykv.core.contract import ReqContext
 
             req = ReqContext("past-budget", retry_budget_s=0.0)
             out = [self.tiers[tier].lookup(k, req).name for k in keys]
@@ -228,7 +228,7 @@ def _traffic(root: str) -> None:
             assert ray.get(a.run.remote(tier, "store", keys[8:18], list(range(8, 18))))  # over capacity: evictions
         fresh = raykv.prefix_keys(list(range(16 * 4)), 16, salt="past-budget")
         assert ray.get(a.run.remote("object_store", "past_budget", fresh, [])) == ["MISS"] * 4
-        from raykv.identity import scoped_keys
+        from raykv.core.identity import scoped_keys
         from tiers.fs.storage import open_storage
 
         # A corrupt block file: the load fails and the root actor drops the key.

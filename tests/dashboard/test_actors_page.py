@@ -18,7 +18,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import raykv
-from raykv import naming
+from raykv.core import naming
 
 REPO = Path(__file__).resolve().parents[2]
 SHOT = REPO / "artifacts" / "dashboard" / "actors.png"
@@ -168,9 +168,9 @@ def _traffic(services, root: str) -> None:
     """8 blocks stored into the object_store and fs tiers, looked up, 4 loaded back."""
     import numpy as np
 
-    from raykv.factory import TierFactory
-    from raykv.primary import PrimaryRegion
-    from raykv.tier_driver import TierDriver
+    from raykv.core.factory import TierFactory
+    from raykv.engine.primary import PrimaryRegion
+    from raykv.engine.tier_driver import TierDriver
 
     region = PrimaryRegion(16, 64 << 10)
     region.array[:] = np.random.default_rng(0).integers(0, 256, region.array.shape, dtype=np.uint8)

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv.contract import LookupResult, ReqContext, TransferJob
-from raykv.keys import prefix_keys
+from raykv.core.contract import LookupResult, ReqContext, TransferJob
+from raykv.core.keys import prefix_keys
 
 BLOCK = 64 * 1024
 BLOCKS_PER_REQ = 4

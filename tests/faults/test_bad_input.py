@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import ray
 
-from raykv.config import ConfigError, RaykvConfig
-from raykv.contract import LookupResult, ReqContext, TransferJob
-from raykv.factory import TierFactory
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.config.options import RaykvConfig
+from raykv.core.contract import LookupResult, ReqContext, TransferJob
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.core.validate import ConfigError
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 BLOCK = 64 * 1024
 _ids = itertools.count(50_000)
@@ -175,7 +176,7 @@ def _bad_values(f: dataclasses.Field) -> list:
 
 
 def _schemas():
-    from raykv.factory import TierFactory as F
+    from raykv.core.factory import TierFactory as F
 
     out = [("raykv", RaykvConfig, lambda d: RaykvConfig.from_dict(d))]
     for tier_type in F.known_types():
@@ -315,10 +316,10 @@ def test_range_nan_inf_and_limits_of_every_number_field():
 def test_range_dangerous_but_legal_values_warn_once(caplog):
     import logging
 
-    from raykv import validate
+    from raykv.core import validate
 
     validate._warned.discard("lookup_ttl_s>60.0")
-    with caplog.at_level(logging.WARNING, logger="raykv.validate"):
+    with caplog.at_level(logging.WARNING, logger="raykv.core.validate"):
         for _ in range(3):
             assert RaykvConfig.from_dict({"lookup_ttl_s": 600.0}).lookup_ttl_s == 600.0
     warnings = [r for r in caplog.records if "lookup_ttl_s=600.0" in r.getMessage()]
@@ -459,8 +460,8 @@ def test_tier_over_a_primary_of_no_block_names_cpu_bytes(raykv_services, tmp_pat
 
 # -- the client API: arguments are checked, never coerced --------------------------------
 def test_api_arguments_are_named_not_coerced(raykv_services):
-    from raykv.keys import make_offload_key
-    from raykv.validate import ArgumentError
+    from raykv.core.keys import make_offload_key
+    from raykv.core.validate import ArgumentError
 
     good = _keys(2)
     for args, kwargs, field in [
@@ -572,7 +573,7 @@ def bad_files(tmp_path_factory):
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str]:
-    from raykv.cli import main
+    from raykv.ops.cli import main
 
     capsys.readouterr()
     rc = main(list(argv))
@@ -621,7 +622,7 @@ def test_cli_process_exit_code_and_one_line(bad_files):
         ["status", "--namespace", "no/such ns", "--address", "127.0.0.1:1"],
     ):
         p = subprocess.run(
-            [sys.executable, "-m", "raykv.cli", *argv], capture_output=True, text=True, env=env, timeout=120
+            [sys.executable, "-m", "raykv.ops.cli", *argv], capture_output=True, text=True, env=env, timeout=120
         )
         assert p.returncode == 2, (argv, p.returncode, p.stderr)
         lines = p.stderr.strip().splitlines()
@@ -691,8 +692,8 @@ def test_every_actor_repr_works_on_a_half_built_instance(tmp_path):
 def test_uncreatable_fs_root_fails_once_and_is_not_restarted(raykv_services, tmp_path):
     """The root's parent does not exist: one clear error, and the root actor stays
     dead (it used to crash-loop under max_restarts=-1, its repr raising)."""
-    from raykv import naming
-    from raykv.errors import RaykvError
+    from raykv.core import naming
+    from raykv.core.errors import RaykvError
 
     root = str(tmp_path / "not-mounted" / "kv")
     t0 = time.monotonic()

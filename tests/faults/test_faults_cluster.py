@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
 import raykv  # noqa: E402
-from raykv import naming  # noqa: E402
-from raykv.identity import scoped_keys
+from raykv.core import naming  # noqa: E402
+from raykv.core.identity import scoped_keys
 
 ray.cloudpickle.register_pickle_by_value(harness)
 
@@ -62,8 +62,8 @@ class Engine:
     """One engine process: a primary region and the object_store (+ fs) tiers."""
 
     def __init__(self, root: str | None, chunks: int = 32, seed: int = 0, keyspace: int = 48) -> None:
-        from raykv.factory import TierFactory
-        from raykv.primary import PrimaryRegion
+        from raykv.core.factory import TierFactory
+        from raykv.engine.primary import PrimaryRegion
 
         self.region = PrimaryRegion(chunks, harness.BLOCK)
         services = raykv.attach(NS)
@@ -91,7 +91,7 @@ class Engine:
 
     def store(self, prefixes: list[int]) -> bool:
         """Store whole prefixes in every tier (set-up)."""
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         keys = [k for i in prefixes for k in harness.request_keys(i)]
         for j, k in enumerate(keys):
@@ -102,7 +102,7 @@ class Engine:
         """Submit a store of every slot to every tier, then crash mid-store."""
         import numpy as np
 
-        from raykv.contract import ReqContext, TransferJob
+        from raykv.core.contract import ReqContext, TransferJob
 
         keys = [
             k
@@ -309,8 +309,8 @@ def test_engine_killed_during_store(cluster, delay_s):
 
 def _load_and_check(self, keys: list[bytes]) -> int:
     """Inside an Engine: load ``keys`` (from whichever tier holds them) and verify."""
-    from raykv.contract import LookupResult
-    from raykv.tier_driver import TierDriver
+    from raykv.core.contract import LookupResult
+    from raykv.engine.tier_driver import TierDriver
 
     good = 0
     for i in range(0, len(keys), 16):

@@ -11,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raykv.config import ConfigError, RaykvConfig
-from raykv.contract import LookupResult
-from raykv.factory import TierFactory
-from raykv.identity import scoped_keys
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.config.options import RaykvConfig
+from raykv.core.contract import LookupResult
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys
+from raykv.core.validate import ConfigError
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 from tiers.fs import format as fmt
 from tiers.fs.storage import LocalStorage
 

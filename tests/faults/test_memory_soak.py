@@ -15,7 +15,7 @@ The bound, ``MAX_GROWTH_MIB_PER_H`` = 64: the soak stores ~600 blocks a
 second (150 store jobs), so a leak of 32 bytes per stored block (one key
 object left in a list) grows an actor by ~65 MiB an hour and fails it; a full
 KV-event ring did: the object-store actor grew 58 MiB in 5 minutes (228
-MiB/h) before the ring was kept only while read (``raykv.events``).
+MiB/h) before the ring was kept only while read (``raykv.holders.events``).
 At the end: directory keys = holder keys = files on disk, byte counts exact,
 and the bytes per tenant add up to each holder's bytes.
 """
@@ -36,8 +36,8 @@ import harness  # noqa: E402
 
 import raykv  # noqa: E402
 from raykv.bench.cpu import process_role  # noqa: E402
-from raykv.factory import TierFactory  # noqa: E402
-from raykv.primary import PrimaryRegion  # noqa: E402
+from raykv.core.factory import TierFactory  # noqa: E402
+from raykv.engine.primary import PrimaryRegion  # noqa: E402
 
 NS = "raykv-memory-soak"
 MiB = 1 << 20

@@ -16,12 +16,12 @@ import pytest
 import ray
 
 import raykv
-from raykv.contract import LookupResult
-from raykv.factory import TierFactory
-from raykv.identity import scoped_keys
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core.contract import LookupResult
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 MiB = 1024 * 1024
 BLOCK = MiB

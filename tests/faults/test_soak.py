@@ -21,9 +21,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
 import raykv  # noqa: E402
-from raykv import naming  # noqa: E402
-from raykv.factory import TierFactory  # noqa: E402
-from raykv.primary import PrimaryRegion  # noqa: E402
+from raykv.core import naming  # noqa: E402
+from raykv.core.factory import TierFactory  # noqa: E402
+from raykv.engine.primary import PrimaryRegion  # noqa: E402
 
 NS = "raykv-soak"
 MiB = 1 << 20

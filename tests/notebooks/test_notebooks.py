@@ -12,10 +12,10 @@ import ray
 from nbclient import NotebookClient
 
 import raykv
-from raykv.factory import TierFactory
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NS = "raykv-inspect-test"

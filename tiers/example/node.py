@@ -8,10 +8,10 @@ stored. The tier writes its storage and nothing else:
   blocks and answers ``store`` / ``load`` by mapping the engine's primary
   region (no block bytes in actor-call arguments); announcing, death
   watching, shard rebuilds, reconciling, KV events, metrics and the status
-  line come from ``raykv.holder_actor``;
+  line come from ``raykv.holders.holder_actor``;
 - the engine side (``ExampleNodeTier(ActorCallTier)``) sends one actor call
   per job; lookups, placement, job tracking, timeouts and results come from
-  ``raykv.actor_tier``.
+  ``raykv.engine.actor_tier``.
 
 ``tiers/object_store`` has the same shape with plasma packs and cross-node
 pulls. Config: ``{"type": "example_node", "capacity_bytes": ...}``.
@@ -29,16 +29,16 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv.actor_tier import ActorCallTier
-from raykv.cluster import RaykvServices
-from raykv.config import namespace_option, opt
-from raykv.contract import TransferJob
-from raykv.holder_actor import HolderActor, start_on_node
-from raykv.identity import KVIdentity
-from raykv.placement import PLASMA, HolderInfo
-from raykv.polling import ActorLiveness
-from raykv.primary import MappedRegion, RegionHandle, describe_region
-from raykv.units import fmt_bytes
+from raykv.core.contract import TransferJob
+from raykv.core.fields import namespace_option, opt
+from raykv.core.identity import KVIdentity
+from raykv.core.placement import PLASMA, HolderInfo
+from raykv.core.units import fmt_bytes
+from raykv.engine.actor_tier import ActorCallTier
+from raykv.engine.polling import ActorLiveness
+from raykv.engine.primary import MappedRegion, RegionHandle, describe_region
+from raykv.holders.holder_actor import HolderActor, start_on_node
+from raykv.services.cluster import RaykvServices
 
 TIER_TYPE = "example_node"
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from raykv.config import opt
-from raykv.contract import (
+from raykv.core.contract import (
     JobResult,
     LookupResult,
     ReqContext,
@@ -27,9 +26,10 @@ from raykv.contract import (
     SecondaryTier,
     TransferJob,
 )
-from raykv.identity import KVIdentity
-from raykv.jobs import JobTracker
-from raykv.keys import OffloadKey
+from raykv.core.fields import opt
+from raykv.core.identity import KVIdentity
+from raykv.core.jobs import JobTracker
+from raykv.core.keys import OffloadKey
 from raykv.policy import PolicyRule, decide
 
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import ray
 
-from raykv import naming
-from raykv.holder_actor import HolderActor, runs_to_end
-from raykv.incidents import Removal, RemovalLog
-from raykv.placement import SHARED, HolderInfo
-from raykv.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
-from raykv.units import fmt_bytes
+from raykv.core import naming
+from raykv.core.placement import SHARED, HolderInfo
+from raykv.core.tenants import DEFAULT_TENANT, TenantLRU, fmt_tenants
+from raykv.core.units import fmt_bytes
+from raykv.holders.holder_actor import HolderActor, runs_to_end
+from raykv.metrics.incidents import Removal, RemovalLog
 from tiers.fs.storage import open_storage
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class FsRootActor(HolderActor):
 
     def _evict(self, tenants: Sequence[str] = ()) -> list[bytes]:
         """Evict to stay within capacity (and, for ``tenants`` committing now,
-        their quotas; ``raykv.tenants``). With quotas, another tenant's files
+        their quotas; ``raykv.core.tenants``). With quotas, another tenant's files
         within its quota go only when no committing tenant is named (a restart's
         scan, a smaller capacity)."""
         out: list[bytes] = []

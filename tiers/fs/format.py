@@ -31,7 +31,7 @@ writer uses the fastest installed one by default ("auto"): ``xxhash``'s xxh3
 release the GIL on large buffers.
 
 Paths come only from the key's hex digits (never from user input). Keys are
-identity-scoped (``raykv.identity``: an 8-byte identity tag, then the block
+identity-scoped (``raykv.core.identity``: an 8-byte identity tag, then the block
 hash), so each engine identity gets a folder of its own, as in vLLM's fs tier:
 ``<root>/<tag hex>/<3 hex digits of the block hash>/<key hex>.kv`` (4,096
 leaves per identity). Keys longer than ``MAX_HEX_NAME_KEY`` bytes are named by
@@ -53,10 +53,10 @@ VERSION = 1
 _FIXED = struct.Struct("<4sHBBHHIQQ")  # 32 bytes
 FIXED_SIZE = _FIXED.size
 ALIGN = 64
-#: Bytes of a scoped key's identity tag (``raykv.identity.TAG_BYTES``).
+#: Bytes of a scoped key's identity tag (``raykv.core.identity.TAG_BYTES``).
 TAG_BYTES = 8
 #: Longest key a block file holds: an identity tag plus the longest offload key
-#: (``raykv.keys.MAX_KEY_BYTES``, 256).
+#: (``raykv.core.keys.MAX_KEY_BYTES``, 256).
 MAX_KEY_BYTES = TAG_BYTES + 256
 MAX_HEX_NAME_KEY = 100  # 200 hex chars + ".kv" stays well under NAME_MAX (255)
 SUFFIX = ".kv"

@@ -169,12 +169,13 @@ class Storage(ABC):
 
     def note_scan_removal(self, reason: str, path: str, key: bytes | None, detail: str) -> None:
         """A block file ``scan`` removed (``scan_removals``)."""
-        from raykv.incidents import Removal
+        from raykv.metrics.incidents import Removal
 
         self._scan_removed.setdefault(reason, []).append(Removal(key.hex() if key else "?", path, detail[:200]))
 
     def scan_removals(self) -> dict[str, list[Any]]:
-        """Block files the last ``scan`` removed, by reason (``raykv.incidents.Removal``s); cleared by the call."""
+        """Block files the last ``scan`` removed, by reason
+        (``raykv.metrics.incidents.Removal``s); cleared by the call."""
         out, self._scan_removed = self._scan_removed, {}
         return out
 

@@ -29,17 +29,18 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv import naming
-from raykv.actor_tier import DirectoryBackedTier
-from raykv.cluster import RaykvServices
-from raykv.config import ConfigError, namespace_option, opt
-from raykv.contract import ReqContext, TransferJob
-from raykv.identity import KVIdentity
-from raykv.incidents import Removal, RemovalLog
-from raykv.keys import OffloadKey
-from raykv.placement import SHARED, HolderInfo
-from raykv.polling import ActorLiveness
-from raykv.tenants import tenant_of, tenant_quotas_option
+from raykv.core import naming
+from raykv.core.contract import ReqContext, TransferJob
+from raykv.core.fields import namespace_option, opt
+from raykv.core.identity import KVIdentity
+from raykv.core.keys import OffloadKey
+from raykv.core.placement import SHARED, HolderInfo
+from raykv.core.tenants import tenant_of, tenant_quotas_option
+from raykv.core.validate import ConfigError
+from raykv.engine.actor_tier import DirectoryBackedTier
+from raykv.engine.polling import ActorLiveness
+from raykv.metrics.incidents import Removal, RemovalLog
+from raykv.services.cluster import RaykvServices
 from tiers.fs import format as fmt
 from tiers.fs import io_pool
 from tiers.fs.actor import FsRootActor, holder_info
@@ -293,7 +294,7 @@ class FsTier(DirectoryBackedTier):
     # -- services ------------------------------------------------------------
     @classmethod
     def instance_key(cls, options: FsOptions) -> str:
-        """One fs tier per root, however it is spelled (``raykv.factory.tier_instance_key``)."""
+        """One fs tier per root, however it is spelled (``raykv.core.factory.tier_instance_key``)."""
         return canonical_root(options.root)
 
     @classmethod

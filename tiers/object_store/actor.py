@@ -3,7 +3,7 @@
 The actor, not the engine, calls ``ray.put``, so the objects outlive any
 engine (``ray.put(_owner=...)`` is gone in Ray 2.60: an object dies with the
 process that put it). It maps the engines' primary regions (``/dev/shm``
-files, ``raykv.primary.MappedRegion``) itself, so block bytes never travel as
+files, ``raykv.engine.primary.MappedRegion``) itself, so block bytes never travel as
 actor-call arguments:
 
 - ``store``: the job's new blocks -> one packed plasma object (``packing``),
@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 import ray
 
-from raykv import naming, placement
-from raykv.holder_actor import HolderActor, runs_to_end, start_on_node
-from raykv.placement import PLASMA, HolderInfo
-from raykv.primary import MappedRegion, RegionHandle
-from raykv.tenants import DEFAULT_TENANT, fmt_tenants
-from raykv.units import fmt_bytes
+from raykv.core import naming, placement
+from raykv.core.placement import PLASMA, HolderInfo
+from raykv.core.tenants import DEFAULT_TENANT, fmt_tenants
+from raykv.core.units import fmt_bytes
+from raykv.engine.primary import MappedRegion, RegionHandle
+from raykv.holders.holder_actor import HolderActor, runs_to_end, start_on_node
 from tiers.object_store import packing
 from tiers.object_store.packing import CapacityError, Pack, PackIndex
 
@@ -223,7 +223,7 @@ class ObjectStoreActor(HolderActor):
         tenant: str = DEFAULT_TENANT,
     ) -> dict[str, Any]:
         """Put the blocks of ``keys`` (at ``chunk_ids`` of ``region``) into plasma,
-        charged to ``tenant`` (``raykv.tenants``: quotas and per-tenant LRU).
+        charged to ``tenant`` (``raykv.core.tenants``: quotas and per-tenant LRU).
 
         Keys already held are skipped (and touched). Returns ``stored`` and
         ``held`` counts, or ``error`` (nothing new is stored then).

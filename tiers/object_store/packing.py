@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from raykv.tenants import DEFAULT_TENANT, TenantLRU
+from raykv.core.tenants import DEFAULT_TENANT, TenantLRU
 
 #: Largest buffer Ray copies into plasma with a plain (single-thread) memcpy.
 PIECE_BYTES = 1 << 20
@@ -164,7 +164,7 @@ class PackIndex:
         ``nbytes`` exceeds the capacity (or ``tenant``'s quota) itself; nothing
         is evicted then.
 
-        With tenant quotas the victims follow ``raykv.tenants``: ``tenant``'s
+        With tenant quotas the victims follow ``raykv.core.tenants``: ``tenant``'s
         own packs while it is over its quota, then packs of tenants with no
         quota or over it, then its own. The result may leave no room (only
         other tenants' blocks within their quotas are left): check ``used``.

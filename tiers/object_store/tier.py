@@ -9,7 +9,7 @@ dead actor, an exception or a job past ``job_timeout_s`` becomes a failed
 result, and a load where some keys were missing or evicted reports the keys
 that did load.
 
-Which keys it serves: those whose chosen holder (``raykv.placement``: this
+Which keys it serves: those whose chosen holder (``raykv.core.placement``: this
 node's plasma, then shared storage the engine reads, then another node's
 plasma) is an object store actor. Cross-node loads are still one call to the local actor, which
 asks the holder's actor for ObjectRefs and pulls them through Ray's object
@@ -27,17 +27,17 @@ from typing import Any
 
 import ray
 
-from raykv.actor_tier import ActorCallTier
-from raykv.cluster import RaykvServices
-from raykv.config import namespace_option, opt
-from raykv.contract import ReqContext, TransferJob, check_primary_holds_a_block
-from raykv.errors import RaykvError
-from raykv.identity import KVIdentity
-from raykv.keys import OffloadKey
-from raykv.placement import PLASMA, HolderInfo
-from raykv.polling import ActorLiveness
-from raykv.primary import RegionHandle, describe_region
-from raykv.tenants import tenant_of, tenant_quotas_option
+from raykv.core.contract import ReqContext, TransferJob, check_primary_holds_a_block
+from raykv.core.errors import RaykvError
+from raykv.core.fields import namespace_option, opt
+from raykv.core.identity import KVIdentity
+from raykv.core.keys import OffloadKey
+from raykv.core.placement import PLASMA, HolderInfo
+from raykv.core.tenants import tenant_of, tenant_quotas_option
+from raykv.engine.actor_tier import ActorCallTier
+from raykv.engine.polling import ActorLiveness
+from raykv.engine.primary import RegionHandle, describe_region
+from raykv.services.cluster import RaykvServices
 from tiers.object_store import packing
 from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
 

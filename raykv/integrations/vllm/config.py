@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from raykv.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
+from raykv.core.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
 
 #: ``weights_fingerprint`` modes (``raykv.integrations.vllm.identity``; kept
 #: here so building a config needs no vLLM).
@@ -104,7 +104,7 @@ def vllm_tier_entry(tier: dict[str, Any], namespace: str | None = None) -> dict[
 
 
 def _has_namespace_option(tier: dict[str, Any]) -> bool:
-    from raykv.factory import TierFactory
+    from raykv.core.factory import TierFactory
 
     schema = getattr(TierFactory.get_tier_class(tier), "Options", None)
     return schema is not None and "namespace" in getattr(schema, "__dataclass_fields__", {})
@@ -133,7 +133,7 @@ def raykv_kv_transfer_config(
     (``stat``, ``content``, ``none``) feed the engine's KV identity
     (``raykv.integrations.vllm.identity``).
     """
-    from raykv.config import RaykvConfig
+    from raykv.config.options import RaykvConfig
 
     cfg = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     tiers = [vllm_tier_entry(t, cfg.namespace) for t in cfg.tiers]

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from raykv.identity import KVIdentity
+from raykv.core.identity import KVIdentity
 from raykv.integrations.vllm.config import FINGERPRINT_MODES
 
 logger = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from typing import Any
 
 import ray
 
-from raykv import engine_cache
-from raykv.cluster import process_node_id
+from raykv.core.node import process_node_id
+from raykv.holders import engine_cache
 from raykv.integrations.vllm.plugin import OWNER_ENV
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ It also notes the replica's Ray node in ``RAYKV_ENGINE_NODE``. The engine proces
 is no Ray worker: raykv's tiers join Ray from it as a driver, and where several
 raylets share a host (a simulated ``ray.cluster_utils.Cluster``) Ray connects a
 driver to the head's, whose node id the runtime context then reports. raykv's
-engine side takes its node from ``raykv.cluster.process_node_id``, which prefers
+engine side takes its node from ``raykv.core.node.process_node_id``, which prefers
 the noted node (on a multi-host cluster the two agree). It imports nothing heavy
 and may run many times.
 
@@ -25,12 +25,12 @@ from __future__ import annotations
 import os
 import sys
 
+from raykv.core.naming import NODE_ENV
 from raykv.integrations.vllm.amx import request_amx_permission
 
 #: The Ray actor id (hex) of the process that created the engine.
 OWNER_ENV = "RAYKV_ENGINE_OWNER"
 #: The Ray node id (hex) of the Ray worker that created the engine.
-NODE_ENV = "RAYKV_ENGINE_NODE"
 
 
 def register() -> None:

@@ -5,7 +5,7 @@ vLLM's tiering manager already counts queries and hits per tier
 only it knows, as ``vllm:raykv_*`` series labelled by tier: blocks moved by its
 jobs, lookups answered without an answer yet (RETRY), and failed jobs by
 reason, so vLLM's ``/metrics`` tells why a tier missed. Per engine (no tier
-label; ``raykv.step_cost``): raykv's time on the scheduler thread per step,
+label; ``raykv.metrics.step_cost``): raykv's time on the scheduler thread per step,
 its polls and lookup waits, and the RETRY answers of each finished request.
 ``read_step_cost`` reads those back from ``LLM.get_metrics()``.
 """
@@ -18,7 +18,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
 from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingHistogramMetadata
 
-from raykv.step_cost import RETRY_BOUNDARIES, STEP_BOUNDARIES
+from raykv.metrics.step_cost import RETRY_BOUNDARIES, STEP_BOUNDARIES
 
 #: raykv engine-side total (``TierMetrics.totals``) -> vLLM series, description.
 COUNTERS = {
@@ -76,7 +76,7 @@ class TierStats:
 
     def take(self, metrics: Any, step_cost: Any = None) -> OffloadingConnectorStats | None:
         """Deltas since the last call of ``metrics`` (a ``raykv.metrics.recorders.TierMetrics``)
-        and, from the engine's one reporting tier, of ``step_cost`` (a ``raykv.step_cost.StepCost``)."""
+        and, from the engine's one reporting tier, of ``step_cost`` (a ``raykv.metrics.step_cost.StepCost``)."""
         stats = OffloadingConnectorStats()
         if metrics is not None:
             for total_name, (series, _) in COUNTERS.items():

@@ -7,7 +7,7 @@ Plug them into vLLM's tiering spec through ``secondary_tiers``::
 
 (``raykv.integrations.vllm.kv_transfer_config`` writes these entries from plain
 raykv tier configs such as ``{"type": "fs", "root": ...}``.) The remaining keys
-are the raykv tier's own options (``raykv.factory``), plus ``ray_address``,
+are the raykv tier's own options (``raykv.core.factory``), plus ``ray_address``,
 ``model_revision`` / ``weights_fingerprint`` (the engine's KV identity,
 ``raykv.integrations.vllm.identity``), ``identity`` (an explicit one) and
 ``kv_events`` (emit KV events; default: when vLLM's KV events are on).
@@ -51,16 +51,16 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
     TransferJob,
 )
 
-from raykv import contract  # noqa: E402
-from raykv.cluster import ensure_ray  # noqa: E402
-from raykv.factory import TierFactory  # noqa: E402
-from raykv.identity import KVIdentity  # noqa: E402
+from raykv.core import contract  # noqa: E402
+from raykv.core.factory import TierFactory  # noqa: E402
+from raykv.core.identity import KVIdentity  # noqa: E402
+from raykv.core.validate import request_params, request_tenant_value  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
 from raykv.integrations.vllm.kv_events import EngineEventsBridge, connect_endpoint  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
-from raykv.step_cost import StepCost  # noqa: E402
-from raykv.validate import request_params, request_tenant_value  # noqa: E402
+from raykv.metrics.step_cost import StepCost  # noqa: E402
+from raykv.services.cluster import ensure_ray  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ _ENGINE_COSTS: weakref.WeakKeyDictionary[Any, StepCost] = weakref.WeakKeyDiction
 
 def engine_step_cost(offloading_spec: Any, node: Any = None) -> StepCost:
     """The step meter of the engine that ``offloading_spec`` configures
-    (one per engine, shared by its raykv tiers; ``raykv.step_cost``)."""
+    (one per engine, shared by its raykv tiers; ``raykv.metrics.step_cost``)."""
     try:
         cost = _ENGINE_COSTS.get(offloading_spec)
         if cost is None:
@@ -96,7 +96,7 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     request's state (vLLM's public ``get_state`` / ``set_state``).
 
     The tenant comes from ``kv_transfer_params["tenant"]`` (it scopes the
-    request's keys: ``raykv.tenants``), else from the request's ``cache_salt``
+    request's keys: ``raykv.core.tenants``), else from the request's ``cache_salt``
     (vLLM mixes it into its block hashes already; it reaches the tier through
     ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). Odd
     ``kv_transfer_params`` (not a dict) are treated as none.
@@ -121,7 +121,7 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
 class RaykvTier(SecondaryTierManager):
     """A vLLM secondary tier backed by a raykv tier (``raykv_type``).
 
-    Every key is scoped with the engine's KV identity (``raykv.identity``),
+    Every key is scoped with the engine's KV identity (``raykv.core.identity``),
     derived from the offloading spec: engines of other models, revisions,
     dtypes or layouts never see this engine's blocks.
     """
@@ -200,7 +200,7 @@ class RaykvTier(SecondaryTierManager):
 
     def _forward_engine_events(self, offloading_spec: Any, enabled: Any) -> EngineEventsBridge | None:
         """With vLLM's KV events on, record this engine's own cache in the
-        directory (``raykv.engine_cache``; for request routers). Where to read
+        directory (``raykv.holders.engine_cache``; for request routers). Where to read
         them: ``raykv_engine_events`` (``{"endpoint", "topic"}``) in the
         connector's extra config (``raykv.serve`` writes it), else vLLM's own
         ``kv_events_config`` when this process has it. One bridge per engine
@@ -232,7 +232,7 @@ class RaykvTier(SecondaryTierManager):
 
     # -- contract ------------------------------------------------------------
     # Each method adds its time to the engine's step meter (two clock reads;
-    # ``raykv.step_cost``): that sum per step is raykv's cost on the scheduler thread.
+    # ``raykv.metrics.step_cost``): that sum per step is raykv's cost on the scheduler thread.
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         t0 = _now()
         try:

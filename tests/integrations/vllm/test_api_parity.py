@@ -19,10 +19,10 @@ vllm = pytest.importorskip("vllm")
 from vllm.v1.kv_offload import base as vbase  # noqa: E402
 from vllm.v1.kv_offload.tiering import base as vtier  # noqa: E402
 
-from raykv import contract  # noqa: E402
+from raykv.core import contract  # noqa: E402
+from raykv.engine.primary import PrimaryRegion  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.tiers import RaykvExampleTier, RaykvTier, to_raykv_context  # noqa: E402
-from raykv.primary import PrimaryRegion  # noqa: E402
 
 IDENTITY = {"model": "parity-test", "revision": "r1"}
 
@@ -150,8 +150,8 @@ def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local
     import ray
 
     import raykv
+    from raykv.core.keys import prefix_keys
     from raykv.integrations.vllm.tiers import RaykvObjectStoreTier
-    from raykv.keys import prefix_keys
 
     block = 64 << 10
     ns = "raykv-events"
@@ -268,8 +268,8 @@ def test_engine_identity_covers_model_weights_revision_and_layout(tmp_path) -> N
 
 
 def test_identity_options_reach_the_engine_config() -> None:
+    from raykv.core.validate import ArgumentError
     from raykv.integrations.vllm import raykv_kv_transfer_config
-    from raykv.validate import ArgumentError
 
     kv = raykv_kv_transfer_config(
         {"tiers": [{"type": "object_store"}]}, model_revision="r7", weights_fingerprint="none"

@@ -88,7 +88,7 @@ def test_old_vllm_names_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_raykv_config_becomes_adapter_entries() -> None:
-    from raykv.config import ConfigError
+    from raykv.core.validate import ConfigError
     from raykv.integrations.vllm import raykv_kv_transfer_config
 
     cfg = raykv_kv_transfer_config(

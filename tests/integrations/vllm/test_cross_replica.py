@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import ray
 
-from raykv import naming
+from raykv.core import naming
 from raykv.demo.replicas import start_replica
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config

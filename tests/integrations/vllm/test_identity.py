@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import ray
 
-from raykv import naming
+from raykv.core import naming
 from raykv.demo.replicas import start_replica
 from raykv.demo.tiny_model import make_prompt_tokens, reseed_weights
 from raykv.integrations.vllm import raykv_kv_transfer_config
-from raykv.status import collect_status
+from raykv.ops.status import collect_status
 
 pytestmark = pytest.mark.slow
 
@@ -176,7 +176,7 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
         [
             sys.executable,
             "-m",
-            "raykv.cli",
+            "raykv.ops.cli",
             "invalidate",
             "--model",
             model,

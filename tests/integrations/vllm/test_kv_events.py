@@ -3,7 +3,7 @@
 The engine publishes its block events in-process (``inproc://``); raykv's tier
 forwards them to the engine's ``EngineCacheActor``. The keys the directory then
 lists are the ones a router computes from the prompt's tokens with vLLM's hash
-functions (``raykv.routing``), and they leave the directory when the engine
+functions (``raykv.serve.routing``), and they leave the directory when the engine
 evicts the blocks and when the engine process goes away.
 """
 
@@ -18,10 +18,11 @@ from typing import Any
 import pytest
 import ray
 
+from raykv.core.placement import ENGINE
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
-from raykv.placement import ENGINE
-from raykv.routing import EngineLayout, block_hashes, request_keys
+from raykv.integrations.vllm.hashing import block_hashes
+from raykv.serve.routing import EngineLayout, request_keys
 
 pytestmark = pytest.mark.slow
 

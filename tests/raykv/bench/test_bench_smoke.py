@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from raykv import bench
-from raykv.cli import build_parser
+from raykv.ops.cli import build_parser
 
 DATAPLANE_KEYS = (
     "memcpy_gbps",
@@ -47,7 +47,7 @@ def _bench(*args: str, timeout: float = 240) -> dict:
     """Run ``raykv bench ...`` in a fresh process (it starts its own Ray)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "raykv.cli", "bench", *args, "--json", "--no-progress"],
+        [sys.executable, "-m", "raykv.ops.cli", "bench", *args, "--json", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -7,9 +7,9 @@ import argparse
 import pytest
 
 from raykv.bench import routing
-from raykv.cli import build_parser
 from raykv.demo import workload
 from raykv.demo.replicas import deployment_primary_chunks
+from raykv.ops.cli import build_parser
 
 
 @pytest.fixture(scope="module")

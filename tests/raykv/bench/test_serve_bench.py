@@ -14,8 +14,8 @@ import pytest
 
 from raykv.bench import serve as bench_serve
 from raykv.bench.routing import BLOCK
-from raykv.cli import build_parser
 from raykv.demo import workload
+from raykv.ops.cli import build_parser
 
 # ---------------------------------------------------------------- workload
 

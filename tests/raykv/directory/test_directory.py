@@ -6,9 +6,9 @@ import time
 
 import ray
 
-from raykv.holder_actor import WatchableActor
-from raykv.keys import prefix_keys
-from raykv.placement import PLASMA, SHARED, HolderInfo
+from raykv.core.keys import prefix_keys
+from raykv.core.placement import PLASMA, SHARED, HolderInfo
+from raykv.holders.holder_actor import WatchableActor
 
 
 @ray.remote(num_cpus=0)

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
+from raykv.core.keys import bytes_and_length, checked_keys, shard_of
+from raykv.core.validate import ArgumentError
 from raykv.directory.client import shard_ids
 from raykv.directory.fingerprint import EMPTY, PackedKeys, fingerprint, fingerprints
 from raykv.directory.fptable import FingerprintTable
-from raykv.keys import bytes_and_length, checked_keys, shard_of
-from raykv.validate import ArgumentError
 
 
 def test_a_key_has_one_fingerprint_whatever_batch_it_is_in():

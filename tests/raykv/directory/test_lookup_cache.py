@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import raykv
+from raykv.core.placement import SHARED, HolderInfo
 from raykv.directory.client import LookupCache
-from raykv.placement import SHARED, HolderInfo
 
 KEY = b"k" * 40 + b"\x00\x00\x00\x00"
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import raykv
-from raykv.contract import LookupResult, ReqContext
-from raykv.factory import TierFactory
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core.contract import LookupResult, ReqContext
+from raykv.core.factory import TierFactory
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 CAP = 20_000
 DISTINCT = 1_000_000

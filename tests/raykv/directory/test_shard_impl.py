@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from raykv.core.keys import prefix_keys
+from raykv.core.placement import PLASMA, SHARED, HolderInfo, decode_reply
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.shard import DirectoryShardImpl
-from raykv.keys import prefix_keys
-from raykv.placement import PLASMA, SHARED, HolderInfo, decode_reply
 
 
 def _info(name: str, medium: str = PLASMA) -> HolderInfo:

@@ -10,13 +10,13 @@ import ray
 
 import raykv
 from raykv import metrics
-from raykv.contract import LookupResult, ReqContext, TransferJob
-from raykv.factory import TierFactory
-from raykv.jobs import MeteredJobTracker
-from raykv.keys import prefix_keys
+from raykv.core.contract import LookupResult, ReqContext, TransferJob
+from raykv.core.factory import TierFactory
+from raykv.core.jobs import MeteredJobTracker
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import recorders, scrape
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
 
 BLOCK = 64 * 1024
 NS = "raykv-metrics-test"
@@ -181,7 +181,7 @@ def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None
 
 def test_engine_step_and_request_costs_reach_the_metrics_port(metrics_ray) -> None:
     """raykv's time per engine step, its polls and the RETRYs per request
-    (``raykv.step_cost``) are exported as Ray metrics of the engine's node."""
+    (``raykv.metrics.step_cost``) are exported as Ray metrics of the engine's node."""
     services, _ = metrics_ray
     with PrimaryRegion(16, BLOCK) as region:
         tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)

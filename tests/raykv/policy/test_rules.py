@@ -8,7 +8,7 @@ import time
 import pytest
 import ray
 
-from raykv.contract import OffloadPolicy, ReqContext
+from raykv.core.contract import OffloadPolicy, ReqContext
 from raykv.policy import PolicyRule
 
 

@@ -13,7 +13,7 @@ import pytest
 import ray
 import requests
 
-from raykv import naming
+from raykv.core import naming
 from raykv.demo.tiny_model import make_prompt_tokens
 
 pytestmark = pytest.mark.slow

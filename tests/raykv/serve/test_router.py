@@ -21,11 +21,12 @@ import requests
 from ray.cluster_utils import Cluster
 
 import raykv
-from raykv import naming
+from raykv.core import naming
+from raykv.core.placement import ENGINE
 from raykv.demo.tiny_model import make_prompt_tokens
-from raykv.placement import ENGINE
-from raykv.routing import EngineLayout, block_hashes, request_keys
-from raykv.status import collect_status
+from raykv.integrations.vllm.hashing import block_hashes
+from raykv.ops.status import collect_status
+from raykv.serve.routing import EngineLayout, request_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.serve]
 

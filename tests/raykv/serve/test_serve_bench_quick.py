@@ -63,7 +63,7 @@ def test_bench_serve_quick_json(vllm_env) -> None:
     pytest.importorskip("ray.serve.llm")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.run(
-        [sys.executable, "-m", "raykv.cli", "bench", "serve", "--quick", "--json", "--no-progress"],
+        [sys.executable, "-m", "raykv.ops.cli", "bench", "serve", "--quick", "--json", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=2300,

@@ -10,11 +10,11 @@ import pytest
 import ray
 
 import raykv
-from raykv.contract import LookupResult
-from raykv.factory import TierFactory
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core.contract import LookupResult
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 NS = "raykv-example-node-test"
 BLOCK = 8192

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from raykv.contract import LookupResult, OffloadPolicy, ReqContext
-from raykv.factory import TierFactory
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core.contract import LookupResult, OffloadPolicy, ReqContext
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 
 
 def _tier(view, **options):

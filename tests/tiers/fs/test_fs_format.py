@@ -8,10 +8,10 @@ import zlib
 import pytest
 
 import raykv
-from raykv.config import ConfigError
-from raykv.factory import TierFactory
-from raykv.identity import KVIdentity
-from raykv.keys import prefix_keys
+from raykv.core.factory import TierFactory
+from raykv.core.identity import KVIdentity
+from raykv.core.keys import prefix_keys
+from raykv.core.validate import ConfigError
 from tiers.fs import format as fmt
 from tiers.fs.io_pool import LOAD, STORE, IoPool
 from tiers.fs.storage import canonical_root

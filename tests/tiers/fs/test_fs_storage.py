@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from raykv.keys import prefix_keys
+from raykv.core.keys import prefix_keys
 from tiers.fs import format as fmt
 from tiers.fs.storage import ArrowStorage, LocalStorage, open_storage
 
@@ -74,7 +74,7 @@ def test_scan_removes_stale_temp_files_only(tmp_path):
 
 def test_scan_reports_every_block_file_it_removes(tmp_path):
     """Unreadable and misnamed hashed-name files go at scan, each reported with its path
-    (the root actor counts and logs them: raykv.incidents)."""
+    (the root actor counts and logs them: raykv.metrics.incidents)."""
     st = LocalStorage(str(tmp_path / "kv"))
     st.ensure_root()
     long_key = bytes(8) + bytes(range(200))  # over MAX_HEX_NAME_KEY: a hashed name

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import ray
 
-from raykv import naming
-from raykv.contract import LookupResult, ReqContext, TransferJob
-from raykv.factory import TierFactory
-from raykv.identity import scoped_keys
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
+from raykv.core import naming
+from raykv.core.contract import LookupResult, ReqContext, TransferJob
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 from tiers.fs import format as fmt
 from tiers.fs.actor import holder_info
 
@@ -355,9 +355,9 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
 
 
 def test_longest_valid_key_is_stored_and_loaded(raykv_services, tmp_path):
-    """A 256-byte offload key (the longest raykv.keys accepts) is 264 bytes with its identity
+    """A 256-byte offload key (the longest raykv.core.keys accepts) is 264 bytes with its identity
     tag: its block file holds it, it loads back byte-exact, and a root rescan finds it."""
-    from raykv.keys import MAX_KEY_BYTES, make_offload_key
+    from raykv.core.keys import MAX_KEY_BYTES, make_offload_key
 
     root = tmp_path / "kv-long-keys"
     keys = [make_offload_key(bytes([i]) * (MAX_KEY_BYTES - 4), 0) for i in (1, 2)]
@@ -487,7 +487,7 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
 
 
 def test_root_without_parent_fails_clearly(raykv_services, tmp_path):
-    from raykv.errors import RaykvError
+    from raykv.core.errors import RaykvError
 
     with PrimaryRegion(1, BLOCK) as src:
         with pytest.raises(RaykvError, match="mounted"):

@@ -8,7 +8,7 @@ import numpy as np
 import ray
 
 import raykv
-from raykv.contract import LookupResult
+from raykv.core.contract import LookupResult
 
 BLOCK = 64 * 1024
 NAMESPACE = "raykv-fs-2node"
@@ -19,8 +19,8 @@ class Engine:
     """An engine-side fs tier client over its own primary region."""
 
     def __init__(self, root: str) -> None:
-        from raykv.factory import TierFactory
-        from raykv.primary import PrimaryRegion
+        from raykv.core.factory import TierFactory
+        from raykv.engine.primary import PrimaryRegion
 
         self.region = PrimaryRegion(8, BLOCK)
         services = raykv.attach(NAMESPACE)
@@ -30,14 +30,14 @@ class Engine:
         return ray.get_runtime_context().get_node_id()
 
     def store(self, keys: list[bytes], seed: int) -> tuple[bool, list[str]]:
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         self.region.array[:] = np.random.default_rng(seed).integers(0, 256, self.region.array.shape, dtype=np.uint8)
         res = TierDriver(self.tier).store(keys, list(range(len(keys))))
         return res.success, [hashlib.sha256(self.region.array[i]).hexdigest() for i in range(len(keys))]
 
     def load(self, keys: list[bytes]) -> tuple[list[str], bool, list[str]]:
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         self.region.array[:] = 0
         found = [r.name for r in self.tier.lookup_blocking(keys)]

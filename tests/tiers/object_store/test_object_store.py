@@ -10,13 +10,13 @@ import pytest
 import ray
 
 import raykv
-from raykv.contract import LookupResult, ReqContext, TransferJob
-from raykv.factory import TierFactory
-from raykv.identity import scoped_keys
-from raykv.keys import prefix_keys
-from raykv.primary import PrimaryRegion
-from raykv.tier_driver import TierDriver
-from raykv.units import fmt_bytes
+from raykv.core.contract import LookupResult, ReqContext, TransferJob
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys
+from raykv.core.units import fmt_bytes
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
 from tiers.object_store import ObjectStoreTier
 
 MiB = 1 << 20

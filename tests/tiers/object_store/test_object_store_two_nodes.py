@@ -10,8 +10,8 @@ import numpy as np
 import ray
 
 import raykv
-from raykv.contract import LookupResult
-from raykv.identity import scoped_keys
+from raykv.core.contract import LookupResult
+from raykv.core.identity import scoped_keys
 
 BLOCK = 512 * 1024
 NAMESPACE = "raykv-os-2node"
@@ -22,8 +22,8 @@ class Engine:
     """An engine-side object store tier client over its own primary region."""
 
     def __init__(self) -> None:
-        from raykv.factory import TierFactory
-        from raykv.primary import PrimaryRegion
+        from raykv.core.factory import TierFactory
+        from raykv.engine.primary import PrimaryRegion
 
         self.region = PrimaryRegion(16, BLOCK)
         services = raykv.attach(NAMESPACE)
@@ -33,7 +33,7 @@ class Engine:
         return ray.get_runtime_context().get_node_id()
 
     def store(self, keys: list[bytes], seed: int) -> tuple[bool, list[str]]:
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         n = len(keys)
         self.region.array[:n] = np.random.default_rng(seed).integers(0, 256, (n, BLOCK), dtype=np.uint8)
@@ -46,7 +46,7 @@ class Engine:
         return [r.name for r in self.tier.lookup_blocking(keys)]
 
     def load(self, keys: list[bytes], forget: bool = False) -> tuple[bool, list[bytes], list[str], float]:
-        from raykv.tier_driver import TierDriver
+        from raykv.engine.tier_driver import TierDriver
 
         if forget:  # no hint from the lookup cache: the node actor asks the directory
             self.tier.services.lookup_cache.invalidate(scoped_keys(keys))

@@ -1,0 +1,1 @@
+"""Typed, validated options (``options``), config files (``file``), the lazy tier registry (``factory``)."""

@@ -1,0 +1,30 @@
+"""Names of raykv's Ray actors (what the dashboard's Actors view shows)."""
+
+from __future__ import annotations
+
+import hashlib
+
+DEFAULT_NAMESPACE = "raykv"
+CONTROL_ACTOR = "raykv-control"
+
+
+def directory_shard(index: int) -> str:
+    return f"raykv-directory-{index}"
+
+
+def object_store_actor(node_id: str) -> str:
+    return f"raykv-object-store-{node_id}"
+
+
+def fs_actor(root: str) -> str:
+    return f"raykv-fs-{root_digest(root)}"
+
+
+def root_digest(root: str) -> str:
+    """Short stable id of a shared-storage root (safe in names and paths)."""
+    return hashlib.sha256(root.encode()).hexdigest()[:16]
+
+
+#: The Ray node of a Serve replica, noted by raykv's vLLM plugin for the engine process it
+#: spawns (``raykv.core.node.process_node_id``).
+NODE_ENV = "RAYKV_ENGINE_NODE"

@@ -1,0 +1,289 @@
+"""Per-tenant byte quotas inside one tier: whose a block is, and which block goes first.
+
+A tenant is named by the request (``ReqContext.tenant``, else
+``kv_transfer_params["tenant"]``, else its ``cache_salt``); requests that name
+none belong to the default tenant ``""``. A tier's ``tenant_quotas`` maps
+tenants to byte quotas; ``"*"`` gives every tenant not listed its own quota of
+that size, and tenants without a quota share what the quotas leave.
+
+Eviction under quotas (``TenantLRU``), for a store of ``n`` bytes by tenant T:
+
+1. T over its quota (counting the new bytes) evicts its own least recently
+   used blocks until it fits in its quota;
+2. while the tier lacks room, the victim is the least recently used block among
+   tenants that have no quota or are over their quota, and only then T's own
+   oldest block. A block of another tenant within its quota is never evicted:
+   if nothing else is left the store fails instead.
+
+Each tenant keeps its own LRU order; with no quotas configured the tiers keep
+their plain LRU and only count bytes per tenant.
+
+Isolation (``TenantSharing``): a tenant named by a label
+(``kv_transfer_params["tenant"]`` or ``ReqContext.tenant``) also scopes the
+keys raykv stores and looks up, the way a ``cache_salt`` scopes vLLM's block
+hashes: its keys' hash part is replaced by a keyed hash of it (``tenant_key``),
+so tenant B's lookups never find tenant A's blocks. A prompt cache shared
+across tenants leaks prompts through timing (a hit is faster than a prefill:
+CVE-2025-46570), hence isolation by default. Tenants named only by their
+``cache_salt`` are scoped by vLLM already (their hashes differ); requests
+that name no tenant use plain keys. Sharing is an explicit opt-in in the
+namespace config, ``shared_tenants``: ``{"team-x": ["tenant-a", "tenant-b"]}``
+makes the tenants of one group share each other's blocks (and only theirs);
+``{"public": ["*"]}`` makes every tenant not in another group share with
+everyone else and with requests that name no tenant (raykv's behaviour before
+tenants were isolated).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from raykv.core.fields import opt
+from raykv.core.units import fmt_bytes
+from raykv.core.validate import ConfigError, request_params, request_tenant_value, type_name
+
+
+class TenantRequest(Protocol):
+    """What tenancy reads of a request (``raykv.core.contract.ReqContext`` has it)."""
+
+    tenant: str | None
+    cache_salt: str | None
+    kv_transfer_params: Any
+
+
+DEFAULT_TENANT = ""
+EVERY_TENANT = "*"
+#: Bytes at the end of an offload key that are its KV cache group index (kept as is).
+_GROUP_IDX_BYTES = 4
+#: Longest tenant or group name ``shared_tenants`` accepts.
+MAX_TENANT_NAME = 256
+
+
+def tenant_label(req: TenantRequest | None) -> str | None:
+    """The tenant a request names (``ReqContext.tenant``, else
+    ``kv_transfer_params['tenant']``), or None; its salt does not count."""
+    if req is None:
+        return None
+    if req.tenant is not None:
+        return req.tenant or None
+    params = request_params(req.kv_transfer_params) or {}
+    return request_tenant_value(params.get("tenant")) or None
+
+
+def tenant_of(req: TenantRequest | None) -> str:
+    """The tenant a request's blocks are charged to: its label, else its ``cache_salt``."""
+    if req is None:
+        return DEFAULT_TENANT
+    tenant = tenant_label(req)
+    if tenant is None and req.cache_salt is not None:
+        tenant = str(req.cache_salt)
+    return tenant or DEFAULT_TENANT
+
+
+def tenant_key(key: bytes, scope: bytes) -> bytes:
+    """``key`` (an offload key: block hash + 4-byte group index) as tenant
+    scope ``scope`` stores it: the hash part replaced by a keyed BLAKE2b of
+    it (as long as it, at most 64 bytes), the group index kept. An empty
+    scope leaves the key as it is."""
+    if not scope:
+        return key
+    head = key[:-_GROUP_IDX_BYTES]
+    return hashlib.blake2b(head, digest_size=min(len(head), 64), key=scope).digest() + key[-_GROUP_IDX_BYTES:]
+
+
+def check_shared_tenants(raw: Any, where: str = "shared_tenants") -> dict[str, list[str]]:
+    """Validate a ``shared_tenants`` mapping (group -> tenants); ``ConfigError`` names the field."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where, f"must be a mapping of group name -> list of tenants, got {type_name(raw)}")
+    out: dict[str, list[str]] = {}
+    member_of: dict[str, str] = {}
+    for group, tenants in raw.items():
+        if not isinstance(group, str) or not group or len(group) > MAX_TENANT_NAME:
+            raise ConfigError(
+                where, f"group names must be non-empty strings of <= {MAX_TENANT_NAME} characters; got {group!r}"[:300]
+            )
+        field = f"{where}.{group}"
+        if not isinstance(tenants, (list, tuple)):
+            raise ConfigError(
+                field, f"must be a list of tenant names (or ['*']: every tenant), got {type_name(tenants)}"
+            )
+        names = list(tenants)
+        if names == [EVERY_TENANT]:
+            pass
+        elif EVERY_TENANT in names:
+            raise ConfigError(field, "'*' (every tenant not in another group) must be the group's only entry")
+        elif len(names) < 2:
+            raise ConfigError(field, f"a group shares between >= 2 tenants (or is ['*']); got {names!r}")
+        for t in names:
+            if not isinstance(t, str) or not t or len(t) > MAX_TENANT_NAME:
+                raise ConfigError(
+                    field, f"tenant names must be non-empty strings of <= {MAX_TENANT_NAME} characters; got {t!r}"[:300]
+                )
+            if t in member_of:
+                raise ConfigError(
+                    field, f"tenant {t!r} is already in group {member_of[t]!r}; a tenant shares within one group"
+                )
+            member_of[t] = group
+        out[group] = names
+    return out
+
+
+class TenantSharing:
+    """Which key scope each tenant's blocks live in (``shared_tenants`` of the namespace config).
+
+    ``scope(req)`` is b"" (plain keys) for requests that name no tenant and
+    for tenants in a ``['*']`` group; a 32-byte key naming the tenant's group,
+    else the tenant itself, otherwise.
+    """
+
+    def __init__(self, groups: Mapping[str, list[str]] | None = None) -> None:
+        self.groups = check_shared_tenants(dict(groups or {}))
+        self._group_of = {t: g for g, ts in self.groups.items() for t in ts}
+        self._everyone = EVERY_TENANT in self._group_of
+        self._scopes: dict[str, bytes] = {}
+
+    def scope_of_tenant(self, tenant: str | None) -> bytes:
+        if not tenant:
+            return b""
+        scope = self._scopes.get(tenant)
+        if scope is None:
+            group = self._group_of.get(tenant)
+            if group is None and self._everyone:
+                scope = b""
+            else:
+                name = b"group\0" + group.encode() if group is not None else b"tenant\0" + tenant.encode()
+                scope = hashlib.blake2b(name, digest_size=32, person=b"raykv-tenant").digest()
+            if len(self._scopes) >= 65536:
+                self._scopes.clear()
+            self._scopes[tenant] = scope
+        return scope
+
+    def scope(self, req: TenantRequest | None) -> bytes:
+        """The key scope of ``req``'s blocks (b"": plain keys)."""
+        return self.scope_of_tenant(tenant_label(req))
+
+    def shares(self, a: str | None, b: str | None) -> bool:
+        """Whether tenants ``a`` and ``b`` see each other's blocks."""
+        return self.scope_of_tenant(a) == self.scope_of_tenant(b)
+
+
+#: Every named tenant isolated (no ``shared_tenants``).
+ISOLATED = TenantSharing()
+
+
+def check_quotas(value: Any) -> str | None:
+    """``opt(check=...)`` for a ``tenant_quotas`` option."""
+    for tenant, quota in dict(value).items():
+        if not isinstance(tenant, str) or not tenant:
+            return f"tenant names must be non-empty strings ('*' = every tenant not listed); got {tenant!r}"
+        if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
+            return f"the quota of tenant {tenant!r} must be an int >= 1 (bytes); got {quota!r}"
+    return None
+
+
+def tenant_quotas_option(held: str, where: str) -> Any:
+    """A tier's ``tenant_quotas`` option: ``held`` names what a quota counts
+    (e.g. "bytes of block files under the root"), ``where`` when it applies."""
+    return opt(
+        {},
+        kind=dict,
+        check=check_quotas,
+        doc=f"{held} each tenant may keep, each tenant with its own LRU: {{'tenant-a': 1073741824, '*': ...}} "
+        "('*': every tenant not listed); a tenant over quota evicts its own blocks first, never another "
+        f"tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. {where}",
+    )
+
+
+def fmt_tenants(by_tenant: Mapping[str, int]) -> str:
+    """``; tenants a 1.0 MiB, (none) 2.0 MiB`` for status lines ('' when no tenant but the default holds bytes)."""
+
+    if set(by_tenant) <= {DEFAULT_TENANT}:
+        return ""
+    return "; tenants " + ", ".join(f"{t or '(none)'} {fmt_bytes(b)}" for t, b in by_tenant.items())
+
+
+class TenantLRU:
+    """Keys per tenant in LRU order, bytes per tenant, and the victims quotas allow."""
+
+    def __init__(self, quotas: Mapping[str, int] | None = None) -> None:
+        self.quotas = dict(quotas or {})
+        self._lru: dict[str, OrderedDict[bytes, int]] = {}  # tenant -> key -> last-use stamp
+        self._owner: dict[bytes, tuple[str, int]] = {}  # key -> (tenant, bytes)
+        self._bytes: dict[str, int] = {}
+        self._clock = itertools.count()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._owner
+
+    def quota(self, tenant: str) -> int | None:
+        return self.quotas.get(tenant, self.quotas.get(EVERY_TENANT))
+
+    def used(self, tenant: str) -> int:
+        return self._bytes.get(tenant, 0)
+
+    def bytes_by_tenant(self) -> dict[str, int]:
+        return {t: b for t, b in sorted(self._bytes.items()) if b}
+
+    def tenant(self, key: bytes) -> str | None:
+        owner = self._owner.get(key)
+        return owner[0] if owner else None
+
+    def add(self, key: bytes, tenant: str, nbytes: int) -> None:
+        """Charge ``key`` to ``tenant`` (a key held already keeps its tenant; its size is updated)."""
+        owner = self._owner.get(key)
+        if owner is not None:
+            tenant = owner[0]
+            self._bytes[tenant] += nbytes - owner[1]
+        else:
+            self._bytes[tenant] = self._bytes.get(tenant, 0) + nbytes
+        self._owner[key] = (tenant, nbytes)
+        lru = self._lru.setdefault(tenant, OrderedDict())
+        lru[key] = next(self._clock)
+        lru.move_to_end(key)
+
+    def touch(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            owner = self._owner.get(key)
+            if owner is not None:
+                lru = self._lru[owner[0]]
+                lru[key] = next(self._clock)
+                lru.move_to_end(key)
+
+    def discard(self, key: bytes) -> None:
+        owner = self._owner.pop(key, None)
+        if owner is not None:
+            tenant, nbytes = owner
+            self._bytes[tenant] -= nbytes
+            lru = self._lru[tenant]
+            del lru[key]
+            if not lru:
+                del self._lru[tenant], self._bytes[tenant]
+
+    def _over(self, tenant: str, extra: int = 0) -> bool:
+        quota = self.quota(tenant)
+        return quota is not None and self.used(tenant) + extra > quota
+
+    def own_victim(self, tenant: str, nbytes: int) -> bytes | None:
+        """``tenant``'s oldest key while it holds more than its quota leaves room for ``nbytes``."""
+        lru = self._lru.get(tenant)
+        if lru and self._over(tenant, nbytes):
+            return next(iter(lru))
+        return None
+
+    def shared_victim(self, tenant: str | None) -> bytes | None:
+        """The oldest key of a tenant with no quota or over it; else ``tenant``'s own oldest; else None."""
+        best: tuple[int, bytes] | None = None
+        for t, lru in self._lru.items():
+            if not lru or not (self.quota(t) is None or self._over(t)):
+                continue
+            key, stamp = next(iter(lru.items()))
+            if best is None or stamp < best[0]:
+                best = (stamp, key)
+        if best is not None:
+            return best[1]
+        own = self._lru.get(tenant) if tenant is not None else None
+        return next(iter(own)) if own else None

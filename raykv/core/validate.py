@@ -1,0 +1,215 @@
+"""One validation layer for everything a person types: config trees (dicts,
+YAML/JSON files), CLI options, Python API arguments and per-request
+``kv_transfer_params``.
+
+Every rejection is a ``ConfigError`` (a ``ValueError``) whose ``field`` names
+the config field or API argument (``tiers[1].root``, ``block_size``) and whose
+message says what is allowed. Values that are legal but dangerous log one
+warning per process (``warn_once``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+logger = logging.getLogger("raykv.core.validate")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        super().__init__(f"{field_name}: {message}")
+
+
+class ArgumentError(ConfigError):
+    """A bad argument to a raykv API call; ``field`` is the argument's name."""
+
+
+#: Name used for the whole of a config tree (its top level).
+TOP = "config"
+
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> bool:
+    """Log ``message`` as a warning the first time ``key`` is seen in this process."""
+    if key in _warned:
+        return False
+    _warned.add(key)
+    logger.warning(message)
+    return True
+
+
+def type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def key_name(key: Any) -> str:
+    """How a mapping key appears in a field path: as is when it is a plain
+    name (letters, digits, '_', '-'), else quoted (``''``, ``'a.b'``, ``1``)."""
+    if isinstance(key, str) and key and all(c.isalnum() or c in "_-" for c in key) and key.isascii():
+        return key
+    return repr(key)
+
+
+def join(where: str, name: Any) -> str:
+    """``where.name`` (or ``name`` at the top level), ``name`` as ``key_name`` shows it."""
+    name = key_name(name)
+    return f"{where}.{name}" if where else name
+
+
+def as_mapping(raw: Any, where: str, *, what: str = "a mapping") -> dict[str, Any]:
+    """``raw`` as a dict with str keys; ``None`` is an empty mapping."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(where or TOP, f"must be {what}, got {type_name(raw)} {_short(raw)}")
+    bad = [k for k in raw if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(join(where, bad[0]), f"keys must be strings, got {type_name(bad[0])} {bad[0]!r}")
+    return dict(raw)
+
+
+def as_list(raw: Any, where: str) -> list[Any]:
+    """``raw`` as a list (a list or tuple; not a str, bytes or mapping)."""
+    if isinstance(raw, (list, tuple)):
+        return list(raw)
+    raise ConfigError(where, f"must be a list, got {type_name(raw)} {_short(raw)}")
+
+
+def is_int(value: Any) -> bool:
+    """An integer (Python or numpy), never a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_number(
+    where: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    warn_above: float | None = None,
+) -> None:
+    """Range checks for a number already of the right type: NaN and infinity
+    are never allowed (``nan < min`` is False, so a bare ``<`` lets NaN in)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(where, f"must be a finite number, got {value!r}")
+    if minimum is not None and not value >= minimum:
+        raise ConfigError(where, f"must be >= {minimum}, got {value!r}")
+    if maximum is not None and not value <= maximum:
+        raise ConfigError(where, f"must be <= {maximum}, got {value!r}")
+    if warn_above is not None and value > warn_above:
+        warn_once(
+            f"{where}>{warn_above}",
+            f"raykv config {where}={value!r} is unusually large (above {warn_above}); is it a mistake?",
+        )
+
+
+def int_arg(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer API argument (Python or numpy int; not bool, float or str)."""
+    if not is_int(value):
+        raise ArgumentError(name, f"must be an int, got {type_name(value)} {_short(value)}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise ArgumentError(name, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ArgumentError(name, f"must be <= {maximum}, got {value}")
+    return value
+
+
+def timeout_arg(name: str, value: Any, *, allow_none: bool = True) -> float | None:
+    """A timeout in seconds: a finite number > 0 (or None: wait forever, where allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentError(name, f"must be a number of seconds, got {type_name(value)} {_short(value)}")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ArgumentError(name, f"must be a finite number of seconds > 0, got {value!r}")
+    return value
+
+
+def sequence_arg(name: str, value: Any) -> Sequence[Any]:
+    """A sequence of items (list, tuple, numpy array...); a str, bytes or mapping is not one."""
+    if isinstance(value, (str, bytes, bytearray, memoryview, Mapping)) or not hasattr(value, "__len__"):
+        raise ArgumentError(name, f"must be a sequence (list or tuple), got {type_name(value)} {_short(value)}")
+    try:
+        iter(value)
+    except TypeError:
+        raise ArgumentError(name, f"must be a sequence (list or tuple), got {type_name(value)}") from None
+    return value
+
+
+def int_sequence_arg(name: str, value: Any, *, minimum: int | None = None) -> list[int]:
+    """A sequence of ints (chunk ids, token ids): floats and strings are refused, never coerced."""
+    items = sequence_arg(name, value)
+    dtype = getattr(items, "dtype", None)
+    if dtype is not None and getattr(dtype, "kind", "") not in "iu":
+        raise ArgumentError(name, f"must hold ints, got an array of {dtype}")
+    return [int_arg(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(items)]
+
+
+def json_value(where: str, value: Any, depth: int = 0) -> None:
+    """A JSON-like value (str, finite number, bool, None, list, str-keyed dict)."""
+    if depth > 32:
+        raise ConfigError(where, "nested too deeply (over 32 levels)")
+    if value is None or isinstance(value, (str, bool)) or is_int(value):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(where, f"must be a finite number, got {value!r} (it never equals anything)")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            json_value(f"{where}[{i}]", v, depth + 1)
+        return
+    if isinstance(value, Mapping):
+        for k, v in as_mapping(value, where).items():
+            json_value(join(where, k), v, depth + 1)
+        return
+    raise ConfigError(where, f"must be a JSON value (str, number, bool, null, list, mapping), got {type_name(value)}")
+
+
+def request_params(value: Any) -> Mapping[str, Any] | None:
+    """A request's ``kv_transfer_params`` as raykv reads them: a mapping, or None.
+
+    Requests are never refused for odd params (a cache must not fail a
+    request): a falsy value is None, and anything that is not a mapping is
+    ignored with one warning.
+    """
+    if not value:
+        return None
+    if isinstance(value, Mapping):
+        return value
+    warn_once(
+        f"kv_transfer_params:{type_name(value)}",
+        f"ignoring kv_transfer_params of type {type_name(value)} (raykv reads a mapping)",
+    )
+    return None
+
+
+def request_tenant_value(value: Any) -> str | None:
+    """``kv_transfer_params['tenant']`` as a tenant name: a str or an int, else none."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str) or is_int(value):
+        return str(value)
+    warn_once(
+        f"tenant:{type_name(value)}",
+        f"ignoring kv_transfer_params['tenant'] of type {type_name(value)} (a tenant is a str)",
+    )
+    return None
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type_name(value)}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,398 @@
+"""The engine-side base of tiers whose blocks live in holder actors (object_store, fs).
+
+``DirectoryBackedTier`` does what such tiers share in the engine process:
+attach to raykv's services, answer ``lookup`` from the process's
+``LookupCache`` (never blocking), decide which tier of the process serves a
+key (``raykv.core.placement.LoadPlanner``: one rule), count jobs and metrics,
+report KV events from the holder's log, and start or find the holder actor
+(``start_holder_actor``: wait until ready, warn on a capacity mismatch). A
+tier adds its data path and ``can_load``."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from raykv.core.contract import (
+    JobResult,
+    LookupResult,
+    ReqContext,
+    RequestOffloadingContext,
+    SecondaryTier,
+    TierEvent,
+    TransferJob,
+)
+from raykv.core.errors import RaykvError, root_cause
+from raykv.core.identity import KVIdentity
+from raykv.core.jobs import JobTracker, MeteredJobTracker
+from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
+from raykv.core.placement import HolderInfo
+from raykv.core.tenants import TenantSharing
+from raykv.engine.polling import ActorLiveness, HoldingsFeed, poll_ref
+from raykv.metrics.recorders import TierMetrics
+from raykv.metrics.step_cost import COUNTS
+from raykv.services.cluster import RaykvServices, attach
+
+logger = logging.getLogger(__name__)
+
+
+class DirectoryBackedTier(SecondaryTier):
+    """A tier whose blocks are found through the cluster directory.
+
+    ``lookup`` answers from the process's ``LookupCache``: unknown keys return
+    RETRY and are resolved in one batched directory call at the end of the
+    step (``on_schedule_end``). Subclasses say which holders they can read
+    (``can_load``) and implement the data path; ``serves`` then answers for
+    the whole process, so only the tier that loads from the chosen holder
+    answers HIT.
+    """
+
+    def __init__(
+        self,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        namespace: str,
+        services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
+    ) -> None:
+        super().__init__(primary_kv_view, tier_type, identity)
+        self.services = services or attach(namespace, start_if_missing=True)
+        self.node_id = self.services.node_id()
+        self.metrics = TierMetrics(tier_type, self.node_id)
+        self.jobs: JobTracker = MeteredJobTracker(self.metrics, self.block_size_bytes)
+        self._cache = self.services.lookup_cache
+        self.services.register_identity(self.identity)
+        self._events: HoldingsFeed | None = None
+        self.services.planner.add(self.key_tag, self)
+        self.tenant_sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
+        self._lookup_wait_s = float(getattr(self.services.config, "lookup_wait_ms", 0.0)) / 1000
+        self._retry_budget_s = float(getattr(self.services.config, "lookup_retry_budget_ms", 50.0)) / 1000
+
+    # -- KV events -----------------------------------------------------------
+    #: The holder actor whose holdings this tier reports (set by subclasses).
+    actor: Any = None
+    #: Its liveness, polled without blocking (set by subclasses).
+    liveness: ActorLiveness | None = None
+
+    def enable_events(self) -> None:
+        """Report this identity's blocks in the holder actor as ``TierEvent``s
+        (``take_events``): a snapshot first, then stores and removals."""
+        if self._events is None and self.actor is not None:
+            self._events = HoldingsFeed(self.actor, self.key_tag)
+
+    def take_events(self) -> list[TierEvent]:
+        if self._events is None:
+            return []
+        self._events.poll()
+        return self._events.take()
+
+    @abstractmethod
+    def can_load(self, holder: HolderInfo) -> bool:
+        """Whether this tier can read ``holder``'s blocks now (reachable, its actor alive)."""
+
+    @property
+    def holder_alive(self) -> bool:
+        """Whether this tier's holder actor is up, as last polled (never blocks)."""
+        return self.liveness is None or self.liveness.alive
+
+    def serves(self, holders: list[HolderInfo]) -> bool:
+        """Whether this tier should load a key held by ``holders``: it reads
+        the holder ``raykv.core.placement.choose`` picks among those the process's
+        tiers can read."""
+        source = self.services.planner.source(self.key_tag, holders)
+        return source is not None and self.can_load(source)
+
+    def leave_planner(self) -> None:
+        """Stop serving lookups of this process (at ``shutdown``)."""
+        self.services.planner.remove(self.key_tag, self)
+
+    @staticmethod
+    def start_holder_actor(actor: Any, what: str, requested_capacity: int, timeout: float) -> dict[str, Any]:
+        """Wait until a holder actor (just started, or found running) is
+        ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
+        start; a warning when it runs with another capacity than asked for."""
+        try:
+            info = ray.get(actor.ready.remote(), timeout=timeout)
+        except Exception as e:
+            raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
+        if info["requested_capacity_bytes"] != requested_capacity:
+            logger.warning(
+                "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
+                what,
+                info["requested_capacity_bytes"],
+                requested_capacity,
+            )
+        return info
+
+    @abstractmethod
+    def poll_jobs(self) -> None:
+        """Move completed transfers into ``self.jobs`` without blocking."""
+
+    # -- contract ------------------------------------------------------
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if type(key) is not bytes:
+            try:
+                key = validate_key(key)
+            except ValueError:
+                return LookupResult.MISS  # a malformed key is nobody's: never batch it
+        elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
+            return LookupResult.MISS
+        return self._lookup_scoped(self.scope(key, req_context), req_context)
+
+    def _lookup_scoped(self, key: bytes, req_context: ReqContext | None = None) -> LookupResult:
+        self._cache.poll()
+        holders = self._cache.get(key)
+        if holders is None and req_context is not None and self._resolve_prefix(key, req_context):
+            holders = self._cache.get(key)
+        if holders is None:
+            self._cache.request(key)  # asked anyway: the answer serves later requests
+            if req_context is not None:
+                if self._retry_budget_spent(req_context):
+                    self.metrics.retry_budget_miss()
+                    self.metrics.lookup(LookupResult.MISS)
+                    return LookupResult.MISS
+                req_context.retries += 1
+            self.metrics.lookup(LookupResult.RETRY)
+            return LookupResult.RETRY
+        result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
+        self.metrics.lookup(result)  # a local count; flushed to Ray once per step
+        return result
+
+    def _retry_budget_spent(self, req_context: ReqContext) -> bool:
+        """Whether ``req_context``'s request has been held back by RETRY for
+        ``lookup_retry_budget_ms`` (its own ``retry_budget_s`` when set): since
+        the first of its RETRYs in consecutive lookup rounds. A round in which
+        it got none (all its keys answered, or it was not looked up) ends the
+        run, so a request that waits in the queue for other reasons, or comes
+        back after a preemption, gets its budget again."""
+        budget = req_context.retry_budget_s
+        if budget is None:
+            budget = self._retry_budget_s
+        now = time.monotonic()
+        current = self._cache.round
+        if req_context.retry_since is None or req_context.retry_round < current - 1:
+            req_context.retry_since = now
+        req_context.retry_round = current
+        return now - req_context.retry_since >= budget
+
+    def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
+        """At a request's first unknown key: look up its whole prefix (or this
+        key) in one directory call, so one step later every key of it is
+        known. Wait for the answer up to ``lookup_wait_ms`` while this
+        process's directory round trips fit in it (``LookupCache.wait_budget``),
+        so that HIT and MISS are answered in the step that asked. True when
+        answered now."""
+        if req_context.prefix_resolved:
+            return False
+        req_context.prefix_resolved = True
+        keys = [key]
+        if req_context.prefix_keys is not None:
+            scope = self.key_scope(req_context)
+            try:
+                keys += [
+                    self.scope(k, scope=scope)
+                    for k in req_context.prefix_keys()
+                    if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
+                ]
+            except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
+                logger.debug("prefix keys unavailable: %r", e)
+        if len(keys) == 1 and req_context.prefix_keys is None and self._lookup_wait_s <= 0:
+            return False  # nothing to gain over the step's batched call
+        return self._cache.resolve(keys, self._cache.wait_budget(self._lookup_wait_s))
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return self.services.policy.decide(self.tier_type, req_context)
+
+    def on_schedule_end(self) -> None:
+        self._cache.flush()
+        self.metrics.flush()
+        if self._events is not None:
+            self._events.poll()
+
+    def has_pending_work(self) -> bool:
+        return self.jobs.num_pending > 0 or self._cache.has_pending()
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        self.poll_jobs()
+        results = self.jobs.take()
+        if results:
+            self.metrics.flush()
+        return results
+
+    def drain_jobs(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.jobs.num_pending and time.monotonic() < deadline:
+            self.poll_jobs()
+            if self.jobs.num_pending:
+                self.jobs.wait_idle(0.005)
+        for job in self.jobs.pending():  # never leave a job without a result
+            self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
+
+    def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
+        """A submitted job's validated, identity-scoped keys and its chunk ids
+        (``ValueError`` when malformed), in the job's tenant scope. Results
+        name the job's own keys."""
+        scope = self.key_scope(job.req_context)
+        keys = [self.scope(validate_key(k), scope=scope) for k in job.keys]
+        ids = np.asarray(job.chunk_ids)
+        if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
+            raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
+        chunks = [int(c) for c in ids.reshape(-1)]
+        if len(keys) != len(chunks):
+            raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+        return keys, chunks
+
+    def lookup_blocking(
+        self, keys: Collection[OffloadKey], timeout: float = 10.0, req_context: ReqContext | None = None
+    ) -> list[LookupResult]:
+        """Resolve ``keys`` now, for ``req_context``'s tenant (tools and tests; engines use ``lookup``)."""
+        scope = self.key_scope(req_context)
+        scoped = [self.scope(validate_key(k), scope=scope) for k in keys]
+        for k in scoped:
+            if self._cache.get(k) is None:
+                self._cache.request(k)
+        self._cache.wait(timeout)
+        return [self._lookup_scoped(k) for k in scoped]
+
+
+@dataclass
+class _InFlight:
+    kind: str  # "store" or "load"
+    job: TransferJob
+    keys: list[bytes]
+    deadline: float  # monotonic
+
+
+class ActorCallTier(DirectoryBackedTier):
+    """A ``DirectoryBackedTier`` whose every job is one call to its node's
+    holder actor (object_store, the example node tier).
+
+    ``send_job`` tracks the call; ``poll_jobs`` finishes each job exactly
+    once: from the actor's answer (``finish_job``, the tier's), or as failed
+    when the call raised, the actor died, or ``job_timeout_s`` passed. A
+    failed load forgets the cached answers of its keys, so the next lookup
+    asks the directory again.
+    """
+
+    #: Seconds a job's actor call may take before the job fails (set by subclasses).
+    job_timeout_s: float = 60.0
+    #: This tier's holder (set by subclasses): stored keys are noted under it.
+    holder_info: HolderInfo
+    #: Seconds before ``job_timeout_s`` that a load's copy must have begun, so
+    #: it never lands after the job failed (the engine may reuse its slots).
+    DEADLINE_GRACE_S = 2.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls_lock = threading.Lock()
+        self._inflight: dict[ray.ObjectRef, _InFlight] = {}
+        self._closed = False
+
+    def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: dict[str, Any]) -> None:
+        """Turn the actor's ``answer`` into the job's result.
+
+        The answer protocol: a store answers ``{"bytes": n}`` or
+        ``{"error": why}`` (nothing new stored); a load answers ``{"ok":
+        [positions], "errors": {position: why}, "bytes": n}``, each key on its
+        own.
+        """
+        if kind == "store":
+            if answer.get("error"):
+                self.jobs.fail(job, f"{self.tier_type} store failed: {answer['error']}")
+            else:
+                self._cache.note_stored(keys, self.holder_info)
+                self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+            return
+        errors: dict[int, str] = answer.get("errors", {})
+        if not errors:
+            self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+            return
+        self._cache.invalidate([keys[i] for i in errors], self.tier_type)
+        originals = list(job.keys)
+        ok = [originals[i] for i in answer.get("ok", [])]
+        shown = "; ".join(f"{keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])
+        more = f"; +{len(errors) - 3} more" if len(errors) > 3 else ""
+        self.jobs.fail(job, f"{len(errors)} of {len(keys)} keys not loaded: {shown}{more}", successful_keys=ok)
+
+    def load_deadline(self) -> float:
+        """Wall-clock time after which the actor must not start a load's copy."""
+        return time.time() + max(0.05, self.job_timeout_s - self.DEADLINE_GRACE_S)
+
+    def send_job(self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int]], ray.ObjectRef]) -> None:
+        """Track ``job`` and send ``call(scoped keys, chunk ids)``; any error becomes its failed result."""
+        self.jobs.begin(job)
+        try:
+            keys, chunks = self.job_slots(job)
+            if self._closed:
+                raise RuntimeError(f"{self.tier_type} tier is shut down")
+            if not keys:
+                self.jobs.succeed(job, transfer_bytes=0)
+                return
+            ref = call(keys, chunks)
+            with self._calls_lock:
+                self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + self.job_timeout_s)
+        except Exception as e:  # a job must end in a result, whatever happens
+            self.jobs.fail(job, f"{self.tier_type} {kind} not submitted: {e!r}")
+
+    def poll_jobs(self) -> None:
+        if not self._closed:
+            self.liveness.poll()
+        with self._calls_lock:
+            if not self._inflight:
+                return
+            refs = list(self._inflight)
+        COUNTS.polls += 1
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
+        now = time.monotonic()
+        ready_set = set(ready)
+        finished: list[tuple[ray.ObjectRef | None, _InFlight]] = []
+        with self._calls_lock:
+            for ref in refs:
+                if ref in ready_set or now > self._inflight[ref].deadline:
+                    finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
+        for ref, entry in finished:
+            self._finish(ref, entry)
+
+    def _finish(self, ref: ray.ObjectRef | None, entry: _InFlight) -> None:
+        job, kind = entry.job, entry.kind
+        if ref is None:
+            error = f"{self.tier_type} {kind} timed out after {self.job_timeout_s}s"
+        else:
+            done, answer, exc = poll_ref(ref)
+            if exc is None:
+                self.finish_job(kind, job, entry.keys, answer)
+                return
+            if isinstance(exc, ray.exceptions.RayActorError):
+                error = f"{self.tier_type} actor of node {self.node_id} unavailable: {type(exc).__name__}"
+            else:
+                error = f"{self.tier_type} {kind} failed: {exc!r}"
+        self.jobs.fail(job, error)
+        if kind == "load":
+            self._cache.invalidate(entry.keys, self.tier_type)
+
+    def has_pending_work(self) -> bool:
+        with self._calls_lock:
+            inflight = bool(self._inflight)
+        return inflight or super().has_pending_work()
+
+    def close_calls(self) -> None:
+        """At ``shutdown``: stop serving, and fail what is still in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        self.leave_planner()
+        self.poll_jobs()
+        with self._calls_lock:
+            left = list(self._inflight.values())
+            self._inflight.clear()
+        for entry in left:
+            self.jobs.fail(entry.job, f"{self.tier_type} tier shut down")
+        self.liveness.close()

@@ -1,0 +1,308 @@
+"""The base of every tier's holder actor: all of it but the storage.
+
+A holder actor owns a tier's blocks somewhere (this node's plasma, a shared
+root) and keeps the directory told. ``HolderActor`` does the part every tier
+shares:
+
+- start-up (a task every method awaits, ``_started``): find the control actor
+  and the directory shards, announce the holder to both (a holder whose blocks
+  die with it first drops what its previous life registered), then let the
+  tier ``recover`` (scan its storage and register what is there);
+- be watched (``raykv_watch``: the directory learns of its death when that call
+  errors), answer ``raykv_resync`` for a rebuilding shard, and reconcile its
+  per-shard key counts with the directory every ``holder_reconcile_s``;
+- register / unregister keys (``_register``, ``_unregister``: failures are
+  counted, never raised: a shard rebuilds from holders);
+- the holdings log behind engines' KV events (``events_since``), metrics
+  (``_publish``), the live status line, ``ready`` and ``keys``.
+
+A tier's actor subclasses it (``@ray.remote``) and writes only its data path:
+``held_keys``, ``occupancy``, ``status_line``, ``describe`` and, when it has
+storage that outlives it, ``recover``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import ray
+
+from raykv.core import naming
+from raykv.core.identity import blocks_by_identity
+from raykv.core.keys import shard_of
+from raykv.core.placement import HolderInfo
+from raykv.directory.client import DirectoryClient
+from raykv.directory.fingerprint import fingerprints, to_blob
+from raykv.holders.events import HoldingsLog
+from raykv.metrics import status_log
+from raykv.metrics.recorders import ActorMetrics
+
+logger = logging.getLogger(__name__)
+
+
+_R = TypeVar("_R")
+
+
+def runs_to_end(method: Callable[..., Coroutine[Any, Any, _R]]) -> Callable[..., Coroutine[Any, Any, _R]]:
+    """An actor method that runs to its end even when its caller dies mid-call.
+
+    Ray cancels a dead caller's tasks; a method that updates the actor's index
+    and the directory in several awaits must not stop between them, or the
+    two would disagree."""
+
+    @functools.wraps(method)
+    async def shielded(self: Any, *args: Any, **kwargs: Any) -> _R:
+        return await asyncio.shield(method(self, *args, **kwargs))
+
+    return shielded
+
+
+async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
+    """Await actor calls (a holder's directory updates); log failures, count them.
+
+    A directory shard that dies mid-call restarts and rebuilds its entries
+    from the holders (``raykv_resync``), so a failed update is not lost and
+    must not fail the holder's own operation.
+    """
+    failed = 0
+    for r in await asyncio.gather(*refs, return_exceptions=True):
+        if isinstance(r, BaseException):
+            failed += 1
+            logger.warning("%s failed (the shard rebuilds from holders): %r", what, r)
+    return failed
+
+
+class WatchableActor:
+    """What the directory needs of any holder: ``raykv_watch`` (its death is
+    seen when that call errors), ``raykv_resync`` for a rebuilding shard, and
+    reconciling key counts. ``HolderActor`` builds on it; test and benchmark
+    holders use it alone."""
+
+    async def raykv_watch(self) -> None:
+        """Never returns; the caller learns of this actor's death when it errors."""
+        await asyncio.Event().wait()
+
+    async def raykv_ping(self) -> Any:
+        return True
+
+    def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
+        """This holder's ``HolderInfo`` and every key it holds now (override).
+
+        Must answer at once, even while the actor is still starting: a
+        restarting directory shard calls it (``raykv_resync``) and the actor's
+        own start-up may be waiting on that shard.
+        """
+        raise NotImplementedError
+
+    async def raykv_resync(self, shard: int, num_shards: int) -> tuple[dict[str, Any], list[bytes]]:
+        """For a (re)started directory shard: our holder info and our keys of that shard."""
+        info, keys = self.raykv_holdings()
+        return info.to_dict(), _keys_of_shard(keys, shard, num_shards)
+
+    def start_reconciling(self, directory: Any, period_s: float) -> "asyncio.Task | None":
+        """Repair drift between this holder and the directory every ``period_s``.
+
+        The directory learns a holder's keys from its register / unregister
+        calls, a rebuild and a watch. Each can be lost without the holder
+        dying (a call failed while a shard restarted, a rebuild timed out, a
+        watch errored under load); the entries then stay wrong until the holder
+        restarts. So the holder compares its own key count per shard with the
+        shard's, and a shard that differs twice in a row (a single difference
+        may be calls in flight) gets the holder's full listing (``sync_holder``).
+        """
+        if period_s <= 0:
+            return None
+        return asyncio.get_running_loop().create_task(self._reconcile(directory, period_s))
+
+    async def _reconcile(self, directory: Any, period_s: float) -> None:
+        me = ray.get_runtime_context().current_actor
+        suspect: set[int] = set()
+        while True:
+            await asyncio.sleep(period_s)
+            try:
+                await self._reconcile_once(directory, me, suspect)
+            except Exception as e:  # best effort: try again next period
+                logger.debug("directory reconcile failed: %r", e)
+
+    async def _reconcile_once(self, directory: Any, me: Any, suspect: set[int]) -> int:
+        """One round; returns how many shards were sent a full listing."""
+        n = directory.num_shards
+        info, keys = self.raykv_holdings()
+        mine = _per_shard_counts(keys, n)
+        counts = await asyncio.gather(
+            *(s.holder_counts.remote(info.holder_id) for s in directory.shards), return_exceptions=True
+        )
+        repaired = 0
+        for i, listed in enumerate(counts):
+            if isinstance(listed, BaseException):
+                continue  # a restarting shard rebuilds from us anyway
+            if listed == mine[i]:
+                suspect.discard(i)
+                continue
+            if i not in suspect:
+                suspect.add(i)
+                continue
+            # Snapshot and send with no await in between: later register /
+            # unregister calls of ours reach the shard after this listing.
+            info, keys = self.raykv_holdings()
+            part = _keys_of_shard(keys, i, n)
+            ref = directory.shards[i].sync_holder.remote(info.to_dict(), me, to_blob(fingerprints(part)))
+            suspect.discard(i)
+            await ref
+            repaired += 1
+        return repaired
+
+
+class HolderActor(WatchableActor):
+    """Base of holder actors (see the module docstring). Subclasses call
+    ``super().__init__`` first: the start-up task and the status log it
+    creates run once the subclass's ``__init__`` has returned."""
+
+    #: Whether the holder's blocks die with the actor (plasma objects): a
+    #: restarted actor then first unregisters what its previous life held.
+    BLOCKS_DIE_WITH_ACTOR = True
+
+    def __init__(self, info: HolderInfo, namespace: str, counter_names: Mapping[str, str]) -> None:
+        self.info = info
+        self.namespace = namespace
+        self.counters: Counter[str] = Counter()
+        self.log = HoldingsLog()
+        self.started_at = time.time()
+        self._directory: DirectoryClient | None = None
+        self._control: Any = None
+        self._metrics = ActorMetrics(info.tier_type, info.node_id, info.holder_id, counter_names)
+        # Async actors run __init__ on their event loop: the start-up is a task
+        # that every method waits for.
+        self._started = asyncio.get_running_loop().create_task(self._start())
+        self._status_log = status_log.spawn(self.status_line, namespace=namespace)
+
+    # -- what a tier writes ----------------------------------------------
+    def held_keys(self) -> list[bytes]:
+        """Every key held now (least recently used first where the tier keeps an order)."""
+        raise NotImplementedError
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """(blocks, bytes, capacity in bytes; 0: unlimited) for the metrics."""
+        raise NotImplementedError
+
+    def status_line(self) -> str:
+        """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """What ``ready`` reports besides the holder (capacity, where)."""
+        return {}
+
+    async def recover(self) -> None:
+        """After announcing: take in blocks that outlived a previous actor (scan storage)."""
+
+    # -- start-up ----------------------------------------------------------
+    async def _start(self) -> None:
+        control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
+        config = await control.config.remote()
+        shards = [
+            ray.get_actor(naming.directory_shard(i), namespace=self.namespace)
+            for i in range(config["directory_shards"])
+        ]
+        self._directory = DirectoryClient(shards)
+        self._control = control
+        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
+        me = ray.get_runtime_context().current_actor
+        if self.BLOCKS_DIE_WITH_ACTOR:
+            await settle(self._directory.remove_holder(self.info.holder_id, "restarted"))
+        await settle([*self._directory.add_holder(self.info, me), control.add_holder.remote(self.info.to_dict(), me)])
+        await self.recover()
+        self._publish()
+
+    async def _reconcile_once(self, directory: Any, me: Any, suspect: set[int]) -> int:
+        """Also announce ourselves again to a control actor that forgot us
+        (it restarted with an empty holder list)."""
+        if self.info.holder_id not in {h["holder_id"] for h in await self._control.holders.remote()}:
+            await self._control.add_holder.remote(self.info.to_dict(), me)
+        return await super()._reconcile_once(directory, me, suspect)
+
+    # -- helpers for tiers -------------------------------------------------
+    def _publish(self) -> None:
+        """Occupancy and counters to Ray's metrics (local, no remote call)."""
+        self._metrics.record(*self.occupancy(), self.counters)
+
+    def _register(self, keys: Sequence[bytes]) -> Awaitable[None]:
+        """Tell the directory we hold ``keys``. The calls leave now, before any
+        other coroutine of this actor runs (so index and directory change
+        together); await the result to count failures."""
+        return self._settled(self._directory.register(self.info.holder_id, keys) if keys else [])
+
+    def _unregister(self, keys: Sequence[bytes]) -> Awaitable[None]:
+        """Tell the directory we no longer hold ``keys`` (sent now, like ``_register``)."""
+        return self._settled(self._directory.unregister(self.info.holder_id, keys) if keys else [])
+
+    async def _settled(self, refs: list[Any]) -> None:
+        self.counters["directory_errors"] += await settle(refs)
+
+    # -- API -----------------------------------------------------------------
+    async def ready(self) -> dict[str, Any]:
+        """Once started: the holder (``HolderInfo.to_dict``) and ``describe()``."""
+        await self._started
+        return {"holder": self.info.to_dict(), **self.describe()}
+
+    def tier_stats(self) -> dict[str, Any]:
+        """The tier's own figures for ``stats`` (override)."""
+        return {}
+
+    async def stats(self) -> dict[str, Any]:
+        """Occupancy, blocks per KV identity and the tier's figures (``raykv status``, tools)."""
+        await self._started
+        return {
+            "holder_id": self.info.holder_id,
+            "blocks_by_identity": blocks_by_identity(self.held_keys()),
+            "started_at": self.started_at,
+            **self.tier_stats(),
+        }
+
+    async def keys(self) -> list[bytes]:
+        """Held keys (tools and tests)."""
+        await self._started
+        return self.held_keys()
+
+    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
+        """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.holders.events``)."""
+        await self._started
+        return self.log.read(since, tag, self.held_keys)
+
+    def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
+        return self.info, self.held_keys()
+
+
+def _keys_of_shard(keys: list[bytes], shard: int, num_shards: int) -> list[bytes]:
+    """The ones of ``keys`` that directory shard ``shard`` owns."""
+    return [k for k in keys if shard_of(k, num_shards) == shard]
+
+
+def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:
+    """How many of ``keys`` each directory shard owns."""
+    from raykv.directory.client import shard_ids
+
+    ids = shard_ids(keys, num_shards) if keys else None
+    if ids is None:
+        ids = [shard_of(k, num_shards) for k in keys]
+    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=num_shards).tolist()
+
+
+def start_on_node(actor_cls: Any, name: str, node_id: str, namespace: str, *args: Any) -> Any:
+    """Start (or find) the detached holder actor ``name`` pinned to ``node_id``; returns its handle."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return actor_cls.options(
+        name=name,
+        namespace=namespace,
+        lifetime="detached",
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+    ).remote(*args)

@@ -1,0 +1,228 @@
+"""The ``raykv`` command: start, status, stop, demo, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from raykv.config.file import load_config_file
+from raykv.core.errors import RaykvError, root_cause
+from raykv.core.validate import ConfigError
+
+#: Set to show the traceback of an unexpected error (raykv's own bug, or Ray's).
+DEBUG_ENV = "RAYKV_DEBUG"
+
+
+def _load_config(path: str | None, namespace: str | None) -> dict[str, Any]:
+    raw: dict[str, Any] = load_config_file(path) if path is not None else {}
+    if namespace is not None:
+        raw["namespace"] = namespace
+    return raw
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    import raykv
+
+    services = raykv.start(_load_config(args.config, args.namespace), address=args.address)
+    print(f"raykv running in Ray namespace {services.namespace!r} ({services.directory.num_shards} directory shards)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.ops.status import check_reachable, collect_status, format_status
+
+    check_reachable(args.address)
+    services = raykv.attach(args.namespace or "raykv", address=args.address)
+    status = collect_status(services, metrics=not args.no_metrics)
+    print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.services.shm_cleanup import clean_cluster, summary
+
+    raykv.attach(args.namespace or "raykv", address=args.address).shutdown()
+    print("raykv stopped")
+    # vLLM's CPU-offload segments of engines that died before unlinking them
+    # outlive `ray down`: remove those no process uses, on every node.
+    print(summary(clean_cluster()))
+    return 0
+
+
+def cmd_invalidate(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.ops.status import check_reachable
+
+    check_reachable(args.address)
+    services = raykv.attach(args.namespace or "raykv", address=args.address)
+    out = services.invalidate(args.model, args.revision)
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    what = f"{args.model}" + (f"@{args.revision}" if args.revision else " (every revision)")
+    if not out["identities"]:
+        print(f"raykv: no KV identity of {what} is known; nothing dropped")
+        return 0
+    print(f"{what}: {len(out['identities'])} KV identities, {out['blocks_dropped']} blocks dropped")
+    for holder, n in sorted(out["per_holder"].items()):
+        print(f"  {holder}: {n}")
+    for holder, err in sorted(out["errors"].items()):
+        print(f"  {holder}: not reached ({err})")
+    return 0
+
+
+def cmd_vllm_config(args: argparse.Namespace) -> int:
+    from raykv.integrations.vllm import raykv_kv_transfer_config
+
+    raw = _load_config(args.config, args.namespace)
+    print(json.dumps(raykv_kv_transfer_config(raw, cpu_bytes=args.cpu_bytes, ray_address=args.ray_address)))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from raykv.demo.run import run_demo
+
+    return run_demo(args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run one benchmark; print its tables, or one JSON object with ``--json``."""
+    from raykv import bench
+    from raykv.bench.common import to_json
+
+    module = bench.load(args.bench)
+    result = module.run(args)
+    print(to_json(result) if args.json else module.format_result(result))
+    return 0
+
+
+def _add_bench_parser(sub: Any) -> None:
+    """``raykv bench <name>``: one sub-command per benchmark module present."""
+    from raykv import bench
+
+    sp = sub.add_parser("bench", help="benchmarks against baselines of the same run (tables, or --json)")
+    names = sp.add_subparsers(dest="bench", required=True, metavar="{" + ",".join(bench.available()) + "}")
+    for name in bench.available():
+        module = bench.load(name)
+        bp = names.add_parser(
+            name, help=module.HELP, description=module.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        bp.add_argument("--json", action="store_true", help="print one JSON object")
+        bp.add_argument("--quick", action="store_true", help="a small, fast configuration (smoke tests)")
+        bp.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+        module.add_arguments(bp)
+        bp.set_defaults(func=cmd_bench)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="raykv", description="A cluster-wide KV cache for LLM serving on Ray.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--address", help="Ray cluster address (default: auto)")
+        sp.add_argument("--namespace", help="raykv's Ray namespace (default: raykv)")
+
+    sp = sub.add_parser("start", help="start raykv's services on a running Ray cluster")
+    common(sp)
+    sp.add_argument("--config", help="raykv config file (YAML or JSON)")
+    sp.set_defaults(func=cmd_start)
+
+    sp = sub.add_parser("status", help="services, tiers per node, occupancy, hit rates, directory size")
+    common(sp)
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument("--no-metrics", action="store_true", help="skip the engines' hit rates (no metrics scrape)")
+    sp.set_defaults(func=cmd_status)
+
+    sp = sub.add_parser("invalidate", help="drop every cached block of a model (one revision, or all) from every tier")
+    common(sp)
+    sp.add_argument("--model", required=True, help="the model name or path, as the engines loaded it")
+    sp.add_argument("--revision", help="only this revision (default: every revision and weights version)")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(func=cmd_invalidate)
+
+    sp = sub.add_parser(
+        "stop",
+        help="stop raykv's actors (their cached blocks go too) and remove vLLM's leftover "
+        "/dev/shm/vllm_offload_* segments that no process uses",
+    )
+    common(sp)
+    sp.set_defaults(func=cmd_stop)
+
+    sp = sub.add_parser(
+        "vllm-config", help="print vLLM's --kv-transfer-config JSON for a raykv config (tiers, namespace)"
+    )
+    sp.add_argument("--config", help="raykv config file (YAML or JSON) listing the tiers")
+    sp.add_argument("--namespace", help="raykv's Ray namespace (default: the config's, else raykv)")
+    sp.add_argument("--cpu-bytes", type=_positive_int, default=4 << 30, help="CPU primary tier size (default 4 GiB)")
+    sp.add_argument("--ray-address", help="Ray address for the engine process (default: RAY_ADDRESS, else auto)")
+    sp.set_defaults(func=cmd_vllm_config)
+
+    sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.add_argument(
+        "--model", help="model path (default: the local bench model, prefill priced like a real model's; cached)"
+    )
+    sp.add_argument("--tiny", action="store_true", help="use the tiny local model (fast; prefill nearly free)")
+    sp.add_argument(
+        "--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)"
+    )
+    sp.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="sessions in flight, each turn sent as soon as the last answered (default: one per replica); "
+        "0: one request at a time, waiting for its offloads",
+    )
+    sp.add_argument("--sessions", type=_positive_int, default=5, help="conversations in the workload (default 5)")
+    sp.add_argument("--turns", type=_positive_int, default=4, help="turns per conversation (default 4)")
+    sp.set_defaults(func=cmd_demo)
+
+    _add_bench_parser(sub)
+    return p
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Bad input: one line on stderr, exit code 2 (as argparse's
+    own errors); an unexpected error: one line, exit code 1 (its traceback with
+    ``RAYKV_DEBUG=1``). Never a bare traceback."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, RaykvError) as e:
+        print(f"raykv: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("raykv: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV):
+            raise
+        print(
+            f"raykv: error: {_one_line(root_cause(e))} (unexpected; rerun with {DEBUG_ENV}=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

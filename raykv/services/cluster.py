@@ -1,0 +1,284 @@
+"""Start or attach to raykv's services on a Ray cluster (idempotent)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+from raykv.config.options import RaykvConfig
+from raykv.core import naming
+from raykv.core.errors import RaykvError
+from raykv.core.identity import KVIdentity
+from raykv.core.node import process_node_id
+from raykv.core.placement import LoadPlanner
+from raykv.core.validate import ArgumentError
+from raykv.directory.client import DirectoryClient, LookupCache
+from raykv.directory.shard import DirectoryShard
+from raykv.policy import PolicyCache
+from raykv.services import grafana
+from raykv.services.control import ControlActor
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_attached: dict[tuple[str, str], "RaykvServices"] = {}
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to a running Ray cluster unless this process already is connected."""
+    if ray.is_initialized():
+        return
+    if address is not None and (not isinstance(address, str) or not address.strip()):
+        raise ArgumentError("address", f"must be a Ray address such as 'auto' or 'host:6379', got {address!r}")
+    target = address or "auto"
+    try:
+        ray.init(address=target, log_to_driver=False)
+    except ConnectionError as e:
+        raise RaykvError(
+            f"no Ray cluster reachable at address={target!r}: start one with "
+            "`ray start --head` (or `ray up`), or pass the cluster's address"
+        ) from e
+
+
+def _namespace_problem(namespace: Any) -> str | None:
+    from raykv.core.fields import check_namespace
+
+    if not isinstance(namespace, str):
+        return f"must be str, got {type(namespace).__name__}"
+    return check_namespace(namespace)
+
+
+def _session_key(namespace: str) -> tuple[str, str]:
+    return namespace, ray.get_runtime_context().gcs_address
+
+
+def _get_actor(name: str, namespace: str) -> Any | None:
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def _named(cls: Any, name: str, namespace: str, *args: Any) -> Any:
+    return cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
+
+
+class RaykvServices:
+    """Handles to one namespace's raykv services, shared within a process."""
+
+    def __init__(self, config: RaykvConfig, control: Any, shards: list[Any]) -> None:
+        self.config = config
+        self.namespace = config.namespace
+        self.control = control
+        self.directory = DirectoryClient(shards)
+        self.lookup_cache = LookupCache(
+            self.directory, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries
+        )
+        self._policy: PolicyCache | None = None
+        self._identities_sent: set[bytes] = set()
+        #: Which tier of this process loads which holder's blocks (``raykv.core.placement``).
+        self.planner = LoadPlanner(self.node_id())
+
+    @property
+    def policy(self) -> PolicyCache:
+        """The policy-rule cache (its background refresh starts on first use)."""
+        if self._policy is None:
+            self._policy = PolicyCache(self.control, self.config.policy_refresh_s)
+        return self._policy
+
+    @staticmethod
+    def node_id() -> str:
+        """This process's node (``process_node_id``)."""
+        return process_node_id()
+
+    def add_rule(self, rule: dict[str, Any]) -> int:
+        """Register a policy rule at the directory; returns the rules version.
+
+        Validated here first (``ConfigError`` naming the field): its ``tier``
+        must be ``'*'``, a known tier type, or a type in the running config.
+        """
+        from raykv.policy import PolicyRule, check_rule_tier
+
+        parsed = PolicyRule.from_dict(rule, "rule")
+        check_rule_tier(parsed.tier, "rule.tier", also=[t.get("type") for t in self.config.tiers])
+        return ray.get(self.control.add_rule.remote(dict(rule)))
+
+    def remove_rule(self, name: str) -> int:
+        if not isinstance(name, str):
+            raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
+        return ray.get(self.control.remove_rule.remote(name))
+
+    def read_control(self, method: str, timeout: float | None = None, restart_wait_s: float = 30.0) -> Any:
+        """A read-only call to the control actor (``holders``, ``identities``,
+        ``stats``) that rides out its restart (Ray answers ``ActorUnavailableError``
+        while it comes back); ``timeout`` bounds each attempt."""
+        deadline = time.monotonic() + restart_wait_s
+        while True:
+            try:
+                return ray.get(getattr(self.control, method).remote(), timeout=timeout)
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def holders(self) -> list[dict[str, Any]]:
+        """Every announced holder (tier and engine-cache actors), as dicts."""
+        return self.read_control("holders")
+
+    def register_identity(self, identity: KVIdentity) -> None:
+        """Announce an engine's KV identity to the control actor (once per process)."""
+        if identity.tag not in self._identities_sent:
+            self._identities_sent.add(identity.tag)
+            self.control.register_identity.remote(identity.tag_hex, identity.to_dict())
+
+    def identities(self) -> dict[str, dict[str, Any]]:
+        """Announced KV identities: tag (hex) -> fields."""
+        return self.read_control("identities")
+
+    def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        """Drop every block of the identities of ``model`` (of one ``revision``
+        when given) from every tier actor and the directory; returns what went.
+
+        Blocks leave each holder's index and the directory before this
+        returns; engines' lookup caches forget them within ``lookup_ttl_s``
+        (meanwhile a load of such a key fails and falls back to recompute).
+        """
+        return invalidate_identities(self, model, revision, timeout)
+
+    def start_tier_services(self, tier_config: dict[str, Any], where: str = "tier") -> None:
+        """Start the actors a tier config needs (per-node actors, fs root actor)."""
+        from raykv.core.factory import TierFactory
+
+        tier_cls, options = TierFactory.parse(tier_config, where)
+        start = getattr(tier_cls, "start_services", None)
+        if start is not None:
+            start(self, options)
+
+    def shutdown(self) -> None:
+        """Kill every raykv actor of this namespace (their blocks go with them)."""
+        holders = self.holders()
+        for info in holders:
+            actor = _get_actor(info["actor_name"], self.namespace)
+            if actor is not None:
+                ray.kill(actor)
+        for shard in self.directory.shards:
+            ray.kill(shard)
+        ray.kill(self.control)
+        if self._policy is not None:
+            self._policy.close()
+        with _lock:
+            _attached.pop(_session_key(self.namespace), None)
+
+
+def invalidate_identities(services: RaykvServices, model: str, revision: str | None, timeout: float) -> dict[str, Any]:
+    """``RaykvServices.invalidate``: match identities, then every holder drops their keys."""
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model: must be a non-empty str, got {model!r}")
+    if revision is not None and not isinstance(revision, str):
+        raise ValueError(f"revision: must be a str or None, got {revision!r}")
+    known = services.identities()
+    tags = sorted(
+        tag
+        for tag, ident in known.items()
+        if ident.get("model") == model and (revision is None or ident.get("revision") == revision)
+    )
+    dropped: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    if tags:
+        calls = {}
+        for info in services.holders():
+            actor = _get_actor(info["actor_name"], services.namespace)
+            if actor is not None:
+                calls[info["holder_id"]] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
+        for holder_id, ref in calls.items():
+            try:
+                dropped[holder_id] = ray.get(ref, timeout=timeout)
+            except Exception as e:  # a dead holder's entries already left the directory
+                errors[holder_id] = repr(e)
+    return {
+        "model": model,
+        "revision": revision,
+        "identities": {t: known[t] for t in tags},
+        "blocks_dropped": sum(dropped.values()),
+        "per_holder": dropped,
+        "errors": errors,
+    }
+
+
+def start(config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None) -> RaykvServices:
+    """Start raykv's services (or reuse running ones) and the configured tiers.
+
+    ``config`` (a dict or a ``RaykvConfig``) is validated first: a bad one
+    raises ``ConfigError`` naming the field before anything starts.
+    """
+    config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
+    ensure_ray(address)
+    ns = config.namespace
+    control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config.to_dict())
+    running = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    if running.directory_shards != config.directory_shards:
+        logger.warning(
+            "raykv already runs in namespace %r with %d directory shards; keeping them",
+            ns,
+            running.directory_shards,
+        )
+    shards = [
+        _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
+        for i in range(running.directory_shards)
+    ]
+    ray.get([s.ping.remote() for s in shards])
+    services = RaykvServices(running, control, shards)
+    with _lock:
+        _attached[_session_key(ns)] = services
+    for i, tier in enumerate(config.tiers):
+        services.start_tier_services(tier, f"tiers[{i}]")
+    grafana.provision()
+    return services
+
+
+def attached_services() -> list[RaykvServices]:
+    """The services this process has attached to or started (one per namespace and Ray session)."""
+    with _lock:
+        return list(_attached.values())
+
+
+def attach(
+    namespace: str = naming.DEFAULT_NAMESPACE,
+    *,
+    address: str | None = None,
+    start_if_missing: bool = False,
+) -> RaykvServices:
+    """Connect to the raykv services running in ``namespace``.
+
+    With ``start_if_missing`` a default raykv is started when none runs (what
+    engine replicas do); otherwise a missing raykv is an error.
+    """
+    problem = _namespace_problem(namespace)
+    if problem:
+        raise ArgumentError("namespace", problem)
+    ensure_ray(address)
+    key = _session_key(namespace)
+    with _lock:
+        if key in _attached:
+            return _attached[key]
+    control = _get_actor(naming.CONTROL_ACTOR, namespace)
+    if control is None:
+        if start_if_missing:
+            return start({"namespace": namespace})
+        raise RaykvError(
+            f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` (or raykv.start()) first"
+        )
+    config = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    shards = []
+    for i in range(config.directory_shards):
+        shard = _get_actor(naming.directory_shard(i), namespace)
+        if shard is None:
+            shard = _named(DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards, namespace)
+        shards.append(shard)
+    services = RaykvServices(config, control, shards)
+    with _lock:
+        return _attached.setdefault(key, services)

@@ -1,0 +1,153 @@
+"""The control actor: one namespace's config, policy rules, holder list and KV identities.
+
+It is not the directory: directory shards (``raykv.directory``) map keys to
+holders. The control actor knows *which holders exist* (each announces
+itself here and at every shard, and leaves when it dies), so a restarting
+shard knows whom to ask for its entries, and tools (``raykv status``,
+``invalidate``, ``shutdown``) know whom to reach. Engines read the config and
+long-poll the rules (``raykv.policy.cache``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import ray
+
+from raykv.metrics import status_log
+from raykv.policy import PolicyRule
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class ControlActor:
+    """Named ``raykv-control``: the source of truth engines attach to."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self._config = config
+        self._rules: dict[str, dict[str, Any]] = {}
+        self._version = 0
+        self._changed = asyncio.Event()
+        self._readers: Counter[int] = Counter()  # waiting long polls per rules version
+        self._holders: dict[str, dict[str, Any]] = {}
+        self._watches: dict[str, asyncio.Task] = {}  # holder id -> its raykv_watch call
+        #: KV identities engines announced: tag (hex) -> KVIdentity fields
+        self._identities: dict[str, dict[str, Any]] = {}
+        self.calls: Counter[str] = Counter()
+        for i, raw in enumerate(config.get("rules", [])):
+            rule = PolicyRule.from_dict(raw, f"rules[{i}]")
+            self._rules[rule.name or f"rule-{i}"] = rule.to_dict()
+        if self._rules:
+            self._version = 1
+        self._status_log = status_log.spawn(
+            self.status_line, interval_s=float(config.get("status_log_s", status_log.DEFAULT_INTERVAL_S))
+        )
+
+    def __repr__(self) -> str:
+        # What it serves only (the dashboard records it once); works when __init__ raised early.
+        config = self.__dict__.get("_config")
+        config = config if isinstance(config, dict) else {}
+        return f"RaykvControl(shards={config.get('directory_shards', '?')}, namespace {config.get('namespace', '?')!r})"
+
+    def status_line(self) -> str:
+        """Live holders, rules and calls, one line (logged every ``status_log_s``)."""
+        holders = ", ".join(sorted(self._holders)) or "none"
+        calls = ", ".join(f"{k} {v}" for k, v in sorted(self.calls.items()))
+        return f"control: holders [{holders}]; rules {len(self._rules)} v{self._version}; calls: {calls}"
+
+    async def config(self) -> dict[str, Any]:
+        self.calls["config"] += 1
+        return self._config
+
+    async def add_rule(self, raw: dict[str, Any]) -> int:
+        """Add (or replace, by name) a policy rule; returns the new rules version."""
+        self.calls["add_rule"] += 1
+        rule = PolicyRule.from_dict(raw)
+        name = rule.name or f"rule-{len(self._rules)}"
+        self._rules[name] = {**rule.to_dict(), "name": name}
+        return self._bump()
+
+    async def remove_rule(self, name: str) -> int:
+        self.calls["remove_rule"] += 1
+        if self._rules.pop(name, None) is not None:
+            return self._bump()
+        return self._version
+
+    def _bump(self) -> int:
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return self._version
+
+    async def rules(self) -> tuple[int, list[dict[str, Any]]]:
+        self.calls["rules"] += 1
+        return self._version, list(self._rules.values())
+
+    async def wait_rules(self, known_version: int, timeout_s: float) -> tuple[int, list[dict[str, Any]]]:
+        """Long poll: return when the rules differ from ``known_version`` or after ``timeout_s``."""
+        self.calls["wait_rules"] += 1
+        if known_version == self._version:
+            self._readers[known_version] += 1
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                self._readers[known_version] -= 1
+                if not self._readers[known_version]:
+                    del self._readers[known_version]
+        return self._version, list(self._rules.values())
+
+    async def rules_readers(self) -> list[int]:
+        """The rules version each engine's waiting long poll holds (one entry
+        per poll): every engine holds rules version ``v`` once all are >= v."""
+        return sorted(self._readers.elements())
+
+    async def add_holder(self, info: dict[str, Any], handle: Any = None) -> None:
+        """A holder (re)announced itself. With its ``handle`` it is watched
+        (``raykv_watch``) and leaves the list when it dies; a restarted holder
+        announces itself again."""
+        self.calls["add_holder"] += 1
+        holder_id = info["holder_id"]
+        self._holders[holder_id] = info
+        old = self._watches.pop(holder_id, None)
+        if old is not None:
+            old.cancel()
+        if handle is not None:
+            self._watches[holder_id] = asyncio.get_running_loop().create_task(self._watch(holder_id, info, handle))
+
+    async def _watch(self, holder_id: str, info: dict[str, Any], handle: Any) -> None:
+        try:
+            await handle.raykv_watch.remote()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # it died (or its node did); a restart re-announces it
+            pass
+        if self._holders.get(holder_id) is info:  # not re-announced meanwhile
+            await self.remove_holder(holder_id)
+
+    async def remove_holder(self, holder_id: str) -> None:
+        """Forget a holder (it died; its directory entries left with it)."""
+        self.calls["remove_holder"] += 1
+        self._holders.pop(holder_id, None)
+        task = self._watches.pop(holder_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def register_identity(self, tag_hex: str, identity: dict[str, Any]) -> None:
+        """An engine's KV identity (so status and invalidation can name it)."""
+        self.calls["register_identity"] += 1
+        self._identities[tag_hex] = identity
+
+    async def identities(self) -> dict[str, dict[str, Any]]:
+        return dict(self._identities)
+
+    async def holders(self) -> list[dict[str, Any]]:
+        return list(self._holders.values())
+
+    async def stats(self) -> dict[str, Any]:
+        return {"calls": dict(self.calls), "rules_version": self._version, "holders": len(self._holders)}
+
+    async def ping(self) -> bool:
+        return True

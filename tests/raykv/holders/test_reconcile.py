@@ -1,0 +1,50 @@
+"""Tier actors repair drift between their holdings and the directory.
+
+A shard can lose a live holder's entries without the holder dying (a watch
+that errors under load, a rebuild that could not reach it, a call lost while
+the shard restarted); the holder's periodic reconcile puts them back."""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+import raykv
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
+
+NS = "raykv-reconcile"
+
+
+def _listed(services, keys) -> int:
+    return sum(1 for hs in services.directory.lookup(scoped_keys(keys)) if hs)
+
+
+def test_a_holder_dropped_at_a_shard_while_alive_is_relisted(ray_local) -> None:
+    services = raykv.start({"namespace": NS, "directory_shards": 2, "holder_reconcile_s": 0.5})
+    with PrimaryRegion(24, 4096) as region:
+        tier = TierFactory.create_tier({"type": "object_store", "namespace": NS}, region.view, services=services)
+        try:
+            keys = prefix_keys(list(range(16 * 24)), 16)
+            assert TierDriver(tier).store(keys, list(range(24))).success
+            assert _listed(services, keys) == 24
+            holder = tier.holder_id
+            # drift: shard 0 forgets the (live) holder, shard 1 loses some entries
+            ray.get(services.directory.shards[0].remove_holder.remote(holder, "spurious"))
+            shard1 = [k for k in scoped_keys(keys) if raykv.core.keys.shard_of(k, 2) == 1][:3]
+            ray.get(services.directory.shards[1].unregister.remote(holder, shard1))
+            assert _listed(services, keys) < 24
+            deadline = time.monotonic() + 20
+            while _listed(services, keys) != 24:
+                assert time.monotonic() < deadline, "the holder never repaired the directory"
+                time.sleep(0.1)
+            # each shard lists exactly the holder's keys again
+            counts = ray.get([s.holder_counts.remote(holder) for s in services.directory.shards])
+            assert sum(counts) == 24
+        finally:
+            tier.shutdown()
+    services.shutdown()

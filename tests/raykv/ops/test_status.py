@@ -1,0 +1,159 @@
+"""``raykv status``: the JSON and the table report what the test put in the tiers; a clear error without Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import ray
+
+import raykv
+from raykv.core.contract import LookupResult
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
+from raykv.metrics import scrape
+from raykv.ops.status import collect_status, format_status
+
+BLOCK = 32 * 1024
+NS = "raykv-status-test"
+OS_CAPACITY = 64 * BLOCK
+
+
+def _raykv(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raykv.ops.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_without_a_reachable_cluster_says_so() -> None:
+    port = _closed_port()
+    t0 = time.monotonic()
+    out = _raykv("status", "--json", "--address", f"127.0.0.1:{port}")
+    assert out.returncode == 2, out
+    assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
+    assert "ray start --head" in out.stderr
+    assert out.stdout == ""
+    assert time.monotonic() - t0 < 30  # not Ray's minute of GCS retries
+    # The address from RAY_ADDRESS (what `ray` itself reads) gets the same check.
+    out = _raykv("status", env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
+    assert out.returncode == 2, out
+    assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A local Ray with raykv, 10 blocks in the object store tier and 6 in the fs tier, and lookups."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        object_store_memory=256 << 20,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config={"metrics_report_interval_ms": 500},
+    )
+    root = str(tmp_path_factory.mktemp("fs-root"))
+    services = raykv.start({"namespace": NS, "directory_shards": 3})
+    region = PrimaryRegion(32, BLOCK)
+    region.array[:] = np.random.default_rng(1).integers(0, 256, region.array.shape, dtype=np.uint8)
+    totals = {}
+    placed = {"object_store": 10, "fs": 6}
+    configs = {
+        "object_store": {"type": "object_store", "capacity_bytes": OS_CAPACITY},
+        "fs": {"type": "fs", "root": root, "capacity_bytes": 0, "fsync": False},
+    }
+    for name, cfg in configs.items():
+        tier = TierFactory.create_tier(cfg, region.view, services=services)
+        drv = TierDriver(tier)
+        keys = prefix_keys(list(range(16 * 12)), 16, salt=name)
+        n = placed[name]
+        assert drv.store(keys[:n], list(range(n))).success
+        assert drv.lookup(keys) == [LookupResult.HIT] * n + [LookupResult.MISS] * (12 - n)
+        tier.on_schedule_end()
+        totals[name] = dict(tier.metrics.totals)
+        tier.shutdown()
+    region.close()
+    # Wait until the node's metrics port shows the engines' lookups (exported every 0.5 s).
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = scrape.sum_series(scrape.scrape_cluster(), "ray_raykv_lookups_total", "tier")
+        if all(got.get(t) == totals[t]["raykv_lookups"] for t in totals):
+            break
+        time.sleep(0.5)
+    yield services, root, placed, totals
+    services.shutdown()
+    ray.shutdown()
+
+
+def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> None:
+    node = ray.get_runtime_context().get_node_id()
+    assert status["namespace"] == NS
+    tiers = {t["tier_type"]: t for t in status["tiers"]}
+    assert set(tiers) == {"object_store", "fs"}
+    os_tier, fs_tier = tiers["object_store"], tiers["fs"]
+    assert os_tier["node_id"] == node and os_tier["alive"]
+    assert os_tier["blocks"] == 10 and os_tier["bytes_used"] == 10 * BLOCK
+    assert os_tier["capacity_bytes"] == OS_CAPACITY
+    assert os_tier["occupancy"] == pytest.approx(10 / 64)
+    assert fs_tier["alive"] and fs_tier["stats"]["root"] == root
+    assert fs_tier["blocks"] == 6 and fs_tier["bytes_used"] > 6 * BLOCK
+    assert fs_tier["capacity_bytes"] == 0 and fs_tier["occupancy"] is None  # unlimited
+    assert status["directory"]["shards"] == 3
+    assert status["directory"]["keys"] == sum(placed.values())
+    assert sum(status["directory"]["keys_per_shard"]) == 16
+    services = {s["name"]: s for s in status["services"]}
+    assert set(services) == {"raykv-control", "raykv-directory-0", "raykv-directory-1", "raykv-directory-2"}
+    assert all(s["alive"] for s in services.values())
+    for tier in ("object_store", "fs"):
+        rate = status["hit_rates"][tier]
+        assert rate["lookups"] == totals[tier]["raykv_lookups"]
+        assert rate["hits"] == totals[tier]["raykv_lookup_hits"]
+        assert 0 < rate["hit_rate"] < 1
+    assert os_tier["engine_lookups"]["lookups"] == totals["object_store"]["raykv_lookups"]
+    # the tiers here run under the default identity: all 16 blocks are its, per tier
+    (ident,) = status["identities"]
+    assert ident["model"] == "default" and ident["blocks"] == 16
+    assert ident["blocks_by_tier"] == {"object_store": 10, "fs": 6}
+
+
+def test_status_json_reports_tiers_and_occupancy(filled) -> None:
+    services, root, placed, totals = filled
+    address = ray.get_runtime_context().gcs_address
+    out = _raykv("status", "--json", "--namespace", NS, "--address", address)
+    assert out.returncode == 0, out.stderr[-3000:]
+    _check(json.loads(out.stdout), root, placed, totals)
+
+
+def test_status_table(filled) -> None:
+    services, root, placed, totals = filled
+    status = collect_status(services)
+    _check(status, root, placed, totals)
+    table = format_status(status)
+    node = ray.get_runtime_context().get_node_id()
+    os_row = next(line for line in table.splitlines() if line.startswith("object_store "))
+    assert node[:30] in os_row and " 10 " in os_row and "16%" in os_row
+    fs_row = next(line for line in table.splitlines() if line.startswith("fs "))
+    assert "unlimited" in fs_row and " 6 " in fs_row
+    assert "directory: 3 shard(s), 16 keys" in table
+    assert "raykv-directory-2" in table
+    ident_row = next(line for line in table.splitlines() if line.startswith(status["identities"][0]["tag"]))
+    assert " 16 " in ident_row and "default" in ident_row and "object_store 10" in ident_row

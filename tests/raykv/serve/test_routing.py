@@ -1,0 +1,72 @@
+"""raykv.serve.routing: a prompt's keys as vLLM names them, what each replica would find, ranking."""
+
+from __future__ import annotations
+
+from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
+from raykv.holders.engine_cache import ENGINE_GROUP, engine_key
+from raykv.serve.routing import Candidate, EngineLayout, Match, RankPolicy, match, rank, request_keys
+
+TAG = bytes(range(8))
+
+
+def _engine(owner: str, node: str) -> HolderInfo:
+    return HolderInfo(f"engine:{node}:{owner}", "engine", ENGINE, f"raykv-engine-{owner}", "ns", node, owner)
+
+
+PLASMA_A = HolderInfo("object_store:a", "object_store", PLASMA, "os-a", "ns", "a")
+SHARED_FS = HolderInfo("fs:r", "fs", SHARED, "fs-r", "ns", None)
+A, B, C = Candidate("ra", "oa", "a"), Candidate("rb", "ob", "b"), Candidate("rc", "oc", "b")
+
+
+def test_engine_keys_are_their_own_family_and_match_vllm_int_hashes() -> None:
+    h = bytes(range(32))
+    key = engine_key(TAG, h)
+    assert key.startswith(TAG) and key.endswith(ENGINE_GROUP) and len(key) == 8 + 8 + 4
+    # vLLM's KV events carry the low 64 bits of the hash as an int by default
+    assert engine_key(TAG, int.from_bytes(h, "big") & (2**64 - 1)) == key
+    engine, tier = request_keys([h, h[::-1], h], EngineLayout(TAG, 128, blocks_per_chunk=2))
+    assert engine == [engine_key(TAG, x) for x in (h, h[::-1], h)]
+    assert tier == [TAG + h[::-1] + b"\0\0\0\0"]  # one full chunk of 2 blocks: its last block's hash
+    assert not set(engine) & set(tier)
+
+
+def test_match_counts_leading_engine_blocks_then_raykv_blocks_per_node() -> None:
+    ea, eb = _engine("oa", "a"), _engine("ob", "b")
+    engine_found = [[ea, eb], [ea], [ea], [], []]
+    tier_found = [[PLASMA_A], [PLASMA_A], [PLASMA_A], [PLASMA_A], []]
+    got = match(engine_found, tier_found, 1, [A, B, C])
+    assert (got["ra"].engine, got["ra"].raykv_local, got["ra"].raykv_remote) == (3, 1, 0)
+    assert (got["rb"].engine, got["rb"].raykv_local, got["rb"].raykv_remote) == (1, 0, 3)  # a's plasma: remote
+    assert (got["rc"].engine, got["rc"].raykv) == (0, 4)
+    assert got["rc"].recompute == 1 and got["ra"].recompute == 1
+    # shared storage is local for every node; a hole ends the prefix
+    got = match([[], []], [[SHARED_FS], []], 1, [B])
+    assert (got["rb"].raykv_local, got["rb"].recompute) == (1, 1)
+
+
+def test_an_engine_holder_without_owner_matches_the_only_replica_on_its_node() -> None:
+    anon = HolderInfo("engine:a:1", "engine", ENGINE, "e", "ns", "a", None)
+    assert match([[anon]], [[]], 1, [A, B])["ra"].engine == 1
+    anon_b = HolderInfo("engine:b:1", "engine", ENGINE, "e", "ns", "b", None)
+    got = match([[anon_b]], [[]], 1, [A, B, C])  # two replicas on node b: nobody gets it
+    assert got["rb"].engine == got["rc"].engine == 0
+
+
+def test_rank_prefers_the_engine_hit_then_balances_load() -> None:
+    matches = {"ra": Match(engine=8, total=8), "rb": Match(raykv_local=8, total=8), "rc": Match(total=8)}
+    assert rank(matches, {"ra": 0, "rb": 0, "rc": 0})[0] == ["ra"]
+    # a queue costs load_weight x blocks per request: one request ahead of "ra" ties it with "rb"
+    policy = RankPolicy(load_weight=0.5)
+    assert rank(matches, {"ra": 1, "rb": 0, "rc": 0}, policy)[0] == ["rb"]
+    # without a load weight only the overload cap moves it: 2 ahead of the least loaded, > 1.5x the mean
+    policy = RankPolicy(load_weight=0.0)
+    assert rank(matches, {"ra": 1, "rb": 0, "rc": 0}, policy)[0] == ["ra"]
+    ranks = rank(matches, {"ra": 2, "rb": 0, "rc": 0}, policy)
+    assert ranks[0] == ["rb"] and ranks[-1] == ["ra"]
+
+
+def test_rank_spreads_fresh_prompts_by_the_work_already_sent() -> None:
+    matches = {"ra": Match(total=4), "rb": Match(total=4)}
+    (tied,) = rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 4.0, "rb": 0.0})
+    assert tied == ["rb", "ra"]  # one rank; Serve takes the first of equal queues
+    assert sorted(rank(matches, {})[0]) == ["ra", "rb"]

@@ -1,0 +1,89 @@
+"""The control actor: holder membership (announce, death, restart, its own
+restart) and the rules engines long-poll, on a real local Ray."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+import raykv
+from raykv.core import naming
+from raykv.core.factory import TierFactory
+from raykv.core.keys import prefix_keys
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
+
+NS = "raykv-control-test"
+
+
+def _wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def services(ray_local):
+    s = raykv.start({"namespace": NS, "directory_shards": 2, "holder_reconcile_s": 0.5})
+    yield s
+    s.shutdown()
+
+
+def _restarted(actor) -> bool:
+    """Whether ``actor`` answers again after a restart (it announced itself before ``ready``)."""
+    try:
+        return bool(ray.get(actor.ready.remote(), timeout=30))
+    except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+        return False
+
+
+def _holder_ids(services) -> set[str]:
+    return {h["holder_id"] for h in services.holders()}
+
+
+def test_holder_leaves_when_it_dies_and_returns_when_restarted(services, tmp_path):
+    with PrimaryRegion(4, 4096) as region:
+        tier = TierFactory.create_tier({"type": "fs", "root": str(tmp_path)}, region.view, services=services)
+        try:
+            holder = tier.holder_info.holder_id
+            assert holder in _holder_ids(services)
+            assert TierDriver(tier).store(prefix_keys(list(range(40)), 10), [0, 1, 2, 3]).success
+            # a crash: Ray restarts it, and it announces itself again
+            ray.kill(tier.actor, no_restart=False)
+            _wait_for(
+                lambda: _restarted(tier.actor) and holder in _holder_ids(services),
+                what="the restarted root actor to be listed again",
+            )
+            # for good: it leaves the list (nobody asks a dead holder again)
+            ray.kill(tier.actor, no_restart=True)
+            _wait_for(lambda: holder not in _holder_ids(services), what="the dead holder to leave the list")
+        finally:
+            tier.shutdown()
+
+
+def test_holders_announce_again_to_a_restarted_control_actor(services, tmp_path):
+    with PrimaryRegion(4, 4096) as region:
+        tier = TierFactory.create_tier({"type": "fs", "root": str(tmp_path)}, region.view, services=services)
+        try:
+            holder = tier.holder_info.holder_id
+            control = ray.get_actor(naming.CONTROL_ACTOR, namespace=NS)
+            ray.kill(control, no_restart=False)  # restarts with an empty holder list
+            _wait_for(lambda: holder in _holder_ids(services), what="the holder to announce itself again")
+        finally:
+            tier.shutdown()
+
+
+def test_rules_readers_show_the_version_engines_hold(services):
+    policy = services.policy
+    assert policy.wait_version(0, timeout=30)
+    version = services.add_rule({"name": "r", "tier": "*", "match": {"tenant": "t"}})
+    assert policy.wait_version(version, timeout=10)
+    _wait_for(
+        lambda: version in ray.get(services.control.rules_readers.remote()),
+        what="the long poll to wait at the new version",
+    )
+    assert services.remove_rule("r") == version + 1
