@@ -67,6 +67,7 @@ test-soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
 test-vllm-matrix: $(STAMP029) $(STAMP033)
