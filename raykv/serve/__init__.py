@@ -15,12 +15,17 @@ For ``serve run`` / ``serve deploy``: ``cluster_configs/serve_llm.yaml`` names
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from raykv.integrations.vllm import raykv_kv_transfer_config
 
+if TYPE_CHECKING:
+    from ray.serve import Application
+    from ray.serve.llm import LLMConfig
+
 #: raykv tiers of a Serve LLM app when none are given: each node's object store.
-DEFAULT_TIERS: list[dict[str, Any]] = [{"type": "object_store"}]
+DEFAULT_TIERS: list[dict[str, object]] = [{"type": "object_store"}]
 #: ``router`` choices: Serve's default (power of two choices), Ray's prefix-affinity router, raykv's.
 ROUTERS = {
     "default": None,
@@ -39,18 +44,18 @@ RAYKV_KV_EVENTS = {
 def llm_config(
     model: str,
     model_id: str | None = None,
-    raykv: dict[str, Any] | bool | None = None,
+    raykv: Mapping[str, object] | bool | None = None,
     *,
     cpu_bytes: int = 4 << 30,
-    engine_kwargs: dict[str, Any] | None = None,
+    engine_kwargs: Mapping[str, object] | None = None,
     accelerator: str = "auto",
     num_replicas: int = 1,
     env: dict[str, str] | None = None,
     router: str = "default",
-    router_kwargs: dict[str, Any] | None = None,
+    router_kwargs: Mapping[str, object] | None = None,
     engine_cache: bool | None = None,
-    **llm_config_kwargs: Any,
-) -> Any:
+    **llm_config_kwargs: object,
+) -> LLMConfig:
     """A ``LLMConfig`` for ``model`` with raykv's cluster cache attached.
 
     Args:
@@ -83,7 +88,7 @@ def llm_config(
     raykv_cfg = dict(raykv or {})
     raykv_cfg.setdefault("tiers", DEFAULT_TIERS)
     kwargs = dict(engine_kwargs or {})
-    events: dict[str, Any] = {}
+    engine_events: dict[str, object] | None = None
     if engine_cache is None:
         engine_cache = router == "raykv"
     if not isinstance(engine_cache, bool):
@@ -93,10 +98,16 @@ def llm_config(
     if engine_cache:
         kwargs.setdefault("kv_events_config", dict(RAYKV_KV_EVENTS))
         ev = kwargs["kv_events_config"]
-        events["raykv_engine_events"] = {"endpoint": ev.get("endpoint"), "topic": ev.get("topic", "")}
+        if not isinstance(ev, Mapping):
+            raise ValueError(f"engine_kwargs['kv_events_config'] must be a mapping; got {type(ev).__name__}")
+        engine_events = {"endpoint": ev.get("endpoint"), "topic": ev.get("topic", "")}
     if attach:
-        kwargs["kv_transfer_config"] = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **events)
-    deployment: dict[str, Any] = {"num_replicas": num_replicas}
+        kwargs["kv_transfer_config"] = (
+            raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes)
+            if engine_events is None
+            else raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, raykv_engine_events=engine_events)
+        )
+    deployment: dict[str, object] = {"num_replicas": num_replicas}
     if ROUTERS[router] is not None:
         router_options = dict(router_kwargs or {})
         if router == "raykv":
@@ -106,37 +117,39 @@ def llm_config(
             "request_router_kwargs": router_options,
         }
     env_vars = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"), **(env or {})}
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if _use_cpu(accelerator):
         extra["accelerator_config"] = {"kind": "cpu"}
         extra["placement_group_config"] = {"bundles": [{"CPU": 1}]}
         env_vars.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     extra.update(llm_config_kwargs)
-    return LLMConfig(
-        model_loading_config={"model_id": model_id or model, "model_source": model},
-        engine_kwargs=kwargs,
-        deployment_config=deployment,
-        runtime_env={"env_vars": env_vars},
-        **extra,
+    return LLMConfig.model_validate(
+        {
+            "model_loading_config": {"model_id": model_id or model, "model_source": model},
+            "engine_kwargs": kwargs,
+            "deployment_config": deployment,
+            "runtime_env": {"env_vars": env_vars},
+            **extra,
+        }
     )
 
 
-def build_app(*args: Any, **kwargs: Any) -> Any:
+def build_app(model: str, **kwargs: object) -> Application:
     """Ray Serve's OpenAI-compatible app for ``llm_config(*args, **kwargs)``."""
     from ray.serve.llm import build_openai_app
 
-    return build_openai_app({"llm_configs": [llm_config(*args, **kwargs)]})
+    return build_openai_app({"llm_configs": [llm_config(model, **kwargs)]})  # type: ignore[arg-type]
 
 
-def app_builder(args: dict[str, Any]) -> Any:
+def app_builder(args: Mapping[str, object]) -> Application:
     """Entry point for ``serve run raykv.serve:app_builder key=value ...`` and Serve YAMLs."""
     args = dict(args)
     model = args.pop("model", None)
-    if not model:
+    if not model or not isinstance(model, str):
         raise ValueError("raykv.serve:app_builder needs a 'model' argument (path or hub id)")
     for key in ("cpu_bytes", "num_replicas"):
         if key in args:
-            args[key] = int(args[key])
+            args[key] = int(str(args[key]))
     return build_app(model, **args)
 
 
