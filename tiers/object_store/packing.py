@@ -25,11 +25,11 @@ pack goes). The bytes of live packs never exceed the capacity.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -100,7 +100,7 @@ class Pack:
     """One plasma object: the blocks of ``keys`` (in stream order)."""
 
     pack_id: int
-    ref: Any  # the ObjectRef (the node actor owns it); None in unit tests
+    ref: object  # the ObjectRef (the node actor owns it); any handle in unit tests
     keys: list[bytes]
     block_bytes: int
     ends: list[int]
@@ -108,7 +108,7 @@ class Pack:
     live: int = field(init=False)
     #: the directory registration of ``keys`` while in flight (the actor's
     #: asyncio future): an eviction waits for it before unregistering.
-    registering: Any = field(default=None, init=False)
+    registering: asyncio.Future[list[int]] | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.live = len(self.keys)

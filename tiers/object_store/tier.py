@@ -23,28 +23,26 @@ import logging
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core.contract import ReqContext, TransferJob, check_primary_holds_a_block
 from raykv.core.errors import RaykvError
 from raykv.core.fields import namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
-from raykv.core.placement import PLASMA, HolderInfo
 from raykv.core.tenants import tenant_of, tenant_quotas_option
+from raykv.core.wire import PLASMA, HolderInfo
 from raykv.engine.actor_tier import ActorCallTier
 from raykv.engine.polling import ActorLiveness
 from raykv.engine.primary import RegionHandle, describe_region
+from raykv.holders.messages import HolderStats
 from raykv.services.cluster import RaykvServices
-from tiers.object_store import packing
-from tiers.object_store.actor import TIER_TYPE, holder_info, start_actor
+from tiers.object_store.actor import start_actor
+from tiers.object_store.messages import DEFAULT_SETTINGS, TIER_TYPE, ObjectStoreSettings, holder_info
 
 logger = logging.getLogger(__name__)
-
-GiB = 1024**3
-MiB = 1024**2
 
 
 def _check_fraction(value: float) -> str | None:
@@ -55,24 +53,27 @@ def _check_fraction(value: float) -> str | None:
 class ObjectStoreOptions:
     namespace: str = namespace_option()
     capacity_bytes: int = opt(
-        1 * GiB,
+        DEFAULT_SETTINGS.capacity_bytes,
         kind=int,
         min=0,
         doc="bytes of blocks each node's actor keeps in plasma (LRU by pack); 0 stores nothing. "
         "Set when a node's actor starts; capped at max_object_store_fraction of the node's object store",
     )
     max_object_store_fraction: float = opt(
-        0.8, kind=float, check=_check_fraction, doc="largest share of a node's object store the tier may use"
+        DEFAULT_SETTINGS.max_object_store_fraction,
+        kind=float,
+        check=_check_fraction,
+        doc="largest share of a node's object store the tier may use",
     )
     max_pack_bytes: int = opt(
-        64 * MiB,
+        DEFAULT_SETTINGS.max_pack_bytes,
         kind=int,
         min=1,
         doc="largest plasma object: a store job's blocks are packed into objects of at most this many bytes "
         "(bigger objects pull faster across nodes; smaller ones evict at a finer grain)",
     )
     piece_bytes: int = opt(
-        packing.PIECE_BYTES,
+        DEFAULT_SETTINGS.piece_bytes,
         kind=int,
         min=4096,
         doc="largest buffer handed to ray.put inside a pack (Ray copies buffers over 1 MiB with per-call threads)",
@@ -80,17 +81,20 @@ class ObjectStoreOptions:
     job_timeout_s: float = opt(
         60.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
     )
-    tenant_quotas: dict = tenant_quotas_option("bytes of blocks on each node", "Set when a node's actor starts")
+    tenant_quotas: dict[str, int] = tenant_quotas_option(
+        "bytes of blocks on each node", "Set when a node's actor starts"
+    )
 
-    def actor_settings(self) -> dict[str, Any]:
-        return {
-            "capacity_bytes": self.capacity_bytes,
-            "max_object_store_fraction": self.max_object_store_fraction,
-            "max_pack_bytes": self.max_pack_bytes,
-            "piece_bytes": self.piece_bytes,
-            "remote_timeout_s": max(0.1, self.job_timeout_s / 2),
-            "tenant_quotas": dict(self.tenant_quotas),
-        }
+    def actor_settings(self) -> ObjectStoreSettings:
+        """What a node's actor started for these options runs with."""
+        return ObjectStoreSettings(
+            capacity_bytes=self.capacity_bytes,
+            max_object_store_fraction=self.max_object_store_fraction,
+            max_pack_bytes=self.max_pack_bytes,
+            piece_bytes=self.piece_bytes,
+            remote_timeout_s=max(0.1, self.job_timeout_s / 2),
+            tenant_quotas=dict(self.tenant_quotas),
+        )
 
 
 class ObjectStoreTier(ActorCallTier):
@@ -98,6 +102,8 @@ class ObjectStoreTier(ActorCallTier):
 
     Options = ObjectStoreOptions
     medium = PLASMA
+    actor: ActorHandle
+    liveness: ActorLiveness
 
     def __init__(
         self,
@@ -106,7 +112,7 @@ class ObjectStoreTier(ActorCallTier):
         options: ObjectStoreOptions,
         services: RaykvServices | None = None,
         identity: KVIdentity | None = None,
-        **_: Any,
+        **_: object,
     ) -> None:
         check_primary_holds_a_block(primary_kv_view)  # an empty primary has no region to describe
         try:
@@ -128,7 +134,7 @@ class ObjectStoreTier(ActorCallTier):
     @classmethod
     def ensure_actor(
         cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0
-    ) -> Any:
+    ) -> ActorHandle:
         """Start (or find) ``node_id``'s object store actor and wait until it is ready."""
         actor = start_actor(node_id, services.namespace, options.actor_settings())
         cls.start_holder_actor(
@@ -137,7 +143,7 @@ class ObjectStoreTier(ActorCallTier):
         return actor
 
     @classmethod
-    def start_services(cls, services: RaykvServices, options: ObjectStoreOptions) -> list[Any]:
+    def start_services(cls, services: RaykvServices, options: ObjectStoreOptions) -> list[ActorHandle]:
         """Start one object store actor per alive node; returns their handles."""
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         actors = [start_actor(node, services.namespace, options.actor_settings()) for node in nodes]
@@ -149,7 +155,7 @@ class ObjectStoreTier(ActorCallTier):
 
     # -- contract ------------------------------------------------------------
     def can_load(self, holder: HolderInfo) -> bool:
-        """Any node's object store actor, through this node's (alive) actor."""
+        """Every node's object store actor, through this node's (alive) actor."""
         return holder.tier_type == TIER_TYPE and holder.medium == PLASMA and self.liveness.alive
 
     def submit_store(self, job: TransferJob) -> None:
@@ -200,9 +206,10 @@ class ObjectStoreTier(ActorCallTier):
                 logger.debug("object_store touch not sent: %r", e)
 
     # -- tools -----------------------------------------------------------------
-    def stats(self, timeout: float = 30.0) -> dict[str, Any]:
-        """The node actor's stats (blocking; tools and tests)."""
-        return ray.get(self.actor.stats.remote(), timeout=timeout)
+    def stats(self, timeout: float = 30.0) -> HolderStats:
+        """The node actor's stats (blocking; tools and tests): the tier's own in ``figures``."""
+        ref: ray.ObjectRef[HolderStats] = self.actor.stats.remote()
+        return ray.get(ref, timeout=timeout)
 
     def shutdown(self) -> None:
         """Fail what is still in flight; the node's actor and its blocks live on."""

@@ -69,7 +69,7 @@ def holders_of(services, keys) -> list[list[str]]:
 
 
 def register_calls(services) -> int:
-    return sum(s["calls"].get("register", 0) for s in services.directory.stats())
+    return sum(s.calls.get("register", 0) for s in services.directory.stats())
 
 
 def test_store_lookup_load_byte_identical(raykv_services, regions):
@@ -105,7 +105,7 @@ def test_store_lookup_load_byte_identical(raykv_services, regions):
     # storing the same keys again copies nothing
     res = TierDriver(tier).store(keys, chunks)
     assert res.success and res.transfer_bytes == 0
-    stats = tier.stats()
+    stats = tier.stats().figures
     assert stats["blocks"] == 8 and stats["bytes_used"] == 16 * MiB and stats["packs"] == 1
     assert stats["hits"] == 8
     text = ray.get(tier.actor.__ray_call__.remote(lambda self: repr(self)))
@@ -123,11 +123,11 @@ def test_lru_eviction_keeps_bytes_within_capacity(fresh_raykv, regions):
     job1, job2, job3 = keys_of(0, 2), keys_of(100, 2), keys_of(200, 2)
     assert drv.store(job1, [0, 1]).success
     assert drv.store(job2, [2, 3]).success
-    assert tier.stats()["bytes_used"] == 4 * block
+    assert tier.stats().figures["bytes_used"] == 4 * block
     tier.touch(job1, ReqContext("r"))  # job2's pack is now the least recently used
     tier.on_schedule_end()
     assert drv.store(job3, [4, 5]).success
-    stats = tier.stats()
+    stats = tier.stats().figures
     assert stats["bytes_used"] <= stats["capacity_bytes"] == 4 * block
     assert stats["evictions"] == 2 and stats["blocks"] == 4
     assert ray.get(tier.actor.holds.remote(scoped_keys(job1 + job2 + job3))) == [True] * 2 + [False] * 2 + [True] * 2
@@ -143,12 +143,12 @@ def test_lru_eviction_keeps_bytes_within_capacity(fresh_raykv, regions):
     # a store bigger than the whole capacity fails cleanly and evicts nothing
     res = drv.store(keys_of(300, 5), [6, 7, 8, 9, 10])
     assert not res.success and "capacity" in res.error
-    assert tier.stats()["blocks"] == 4
+    assert tier.stats().figures["blocks"] == 4
 
     # many small stores: the bytes held never exceed the capacity
     for i in range(10):
         assert drv.store(keys_of(400 + 10 * i, 3), [11, 12, 13]).success
-        stats = tier.stats()
+        stats = tier.stats().figures
         assert stats["bytes_used"] <= stats["capacity_bytes"]
     held = [hs for hs in holders_of(services, [k for i in range(10) for k in keys_of(400 + 10 * i, 3)]) if hs]
     assert len(held) == stats["blocks"] == 3  # only the last pack fits beside nothing else

@@ -59,7 +59,7 @@ class Engine:
         return res.success, ok, [hashlib.sha256(self.region.array[s]).hexdigest() for s in slots], took
 
     def stats(self) -> dict:
-        return self.tier.stats()
+        return self.tier.stats().figures
 
     def kill_my_actor(self) -> None:
         ray.kill(self.tier.actor)
