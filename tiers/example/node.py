@@ -6,12 +6,13 @@ stored. The tier writes its storage and nothing else:
 
 - the holder actor (``ExampleNodeActor(HolderActor)``) keeps an LRU dict of
   blocks and answers ``store`` / ``load`` by mapping the engine's primary
-  region (no block bytes in actor-call arguments); announcing, death
-  watching, shard rebuilds, reconciling, KV events, metrics and the status
-  line come from ``raykv.holders.holder_actor``;
+  region (no block bytes in actor-call arguments) with a ``StoreAnswer`` /
+  ``LoadAnswer`` (``raykv.core.wire``); announcing, death watching, shard
+  rebuilds, reconciling, KV events, metrics, ``ready`` and the status line
+  come from ``raykv.holders.holder_actor``;
 - the engine side (``ExampleNodeTier(ActorCallTier)``) sends one actor call
-  per job; lookups, placement, job tracking, timeouts and results come from
-  ``raykv.engine.actor_tier``.
+  per job; lookups, placement, job tracking, timeouts and results (from
+  those answers) come from ``raykv.engine.actor_tier``.
 
 ``tiers/object_store`` has the same shape with plasma packs and cross-node
 pulls. Config: ``{"type": "example_node", "capacity_bytes": ...}``.
@@ -24,7 +25,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import ray
@@ -34,6 +34,7 @@ from raykv.core.fields import namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.placement import PLASMA, HolderInfo
 from raykv.core.units import fmt_bytes
+from raykv.core.wire import LoadAnswer, Report, StoreAnswer
 from raykv.engine.actor_tier import ActorCallTier
 from raykv.engine.polling import ActorLiveness
 from raykv.engine.primary import MappedRegion, RegionHandle, describe_region
@@ -48,7 +49,7 @@ def holder_info(node_id: str, namespace: str) -> HolderInfo:
     return HolderInfo(f"{TIER_TYPE}:{node_id}", TIER_TYPE, PLASMA, f"raykv-example-node-{node_id}", namespace, node_id)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_restarts=-1)  # an async actor: Ray serves 1000 calls at a time
 class ExampleNodeActor(HolderActor):
     """A node's blocks in this actor's memory, least recently used evicted first."""
 
@@ -64,6 +65,7 @@ class ExampleNodeActor(HolderActor):
         )
         self.node_id = node_id
         self.capacity = int(capacity_bytes)
+        self.requested_capacity = self.capacity
         self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._bytes = 0
         self._regions: dict[RegionHandle, MappedRegion] = {}
@@ -82,10 +84,10 @@ class ExampleNodeActor(HolderActor):
         used = f"{fmt_bytes(self._bytes)} / {fmt_bytes(self.capacity)}"
         return f"example_node node={self.node_id[:12]}: {len(self._blocks)} blocks, {used}"
 
-    def describe(self) -> dict[str, Any]:
-        return {"node_id": self.node_id, "capacity_bytes": self.capacity, "requested_capacity_bytes": self.capacity}
+    def describe(self) -> Report:
+        return {"node_id": self.node_id}
 
-    def tier_stats(self) -> dict[str, Any]:
+    def tier_stats(self) -> Report:
         return {"blocks": len(self._blocks), "bytes": self._bytes, "capacity_bytes": self.capacity, **self.counters}
 
     # -- the storage ----------------------------------------------------------
@@ -94,7 +96,7 @@ class ExampleNodeActor(HolderActor):
             self._regions[region] = MappedRegion(region)
         return self._regions[region].array
 
-    async def store(self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> dict[str, Any]:
+    async def store(self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int]) -> StoreAnswer:
         await self._started
         array = self._array(region)
         new = []
@@ -118,16 +120,17 @@ class ExampleNodeActor(HolderActor):
         await registered
         await unregistered
         self._publish()
-        return {"bytes": len(new) * array.shape[1]}
+        return StoreAnswer(bytes=len(new) * array.shape[1])
 
     async def load(
         self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int], deadline: float
-    ) -> dict[str, Any]:
+    ) -> LoadAnswer:
         await self._started
         if time.time() > deadline:  # the engine gave up on this job: its slots are not ours
-            return {"ok": [], "errors": dict.fromkeys(range(len(keys)), "load deadline passed"), "bytes": 0}
+            return LoadAnswer(errors=dict.fromkeys(range(len(keys)), "load deadline passed"))
         array = self._array(region)
-        ok, errors = [], {}
+        ok: list[int] = []
+        errors: dict[int, str] = {}
         for i, (key, chunk) in enumerate(zip(keys, chunk_ids)):
             block = self._blocks.get(key)
             if block is None:
@@ -140,7 +143,7 @@ class ExampleNodeActor(HolderActor):
                 ok.append(i)
         self.counters["served"] += len(ok)
         self._publish()
-        return {"ok": ok, "errors": errors, "bytes": len(ok) * array.shape[1]}
+        return LoadAnswer(ok=tuple(ok), errors=errors, bytes=len(ok) * array.shape[1])
 
     async def drop_identities(self, tags: Sequence[bytes]) -> int:
         """Forget every block of these KV identities (``raykv invalidate``)."""
@@ -176,7 +179,7 @@ class ExampleNodeTier(ActorCallTier):
         options: ExampleNodeOptions,
         services: RaykvServices | None = None,
         identity: KVIdentity | None = None,
-        **_: Any,
+        **_: object,
     ) -> None:
         region = describe_region(primary_kv_view)  # ValueError: not a shared-memory region
         super().__init__(primary_kv_view, tier_type, options.namespace, services, identity)
@@ -191,7 +194,7 @@ class ExampleNodeTier(ActorCallTier):
         self.liveness = ActorLiveness(self.actor, f"{TIER_TYPE} actor of node {self.node_id}")
 
     def can_load(self, holder: HolderInfo) -> bool:
-        return holder.holder_id == self.holder_info.holder_id and self.liveness.alive
+        return holder.holder_id == self.holder_info.holder_id and self.holder_alive
 
     def submit_store(self, job: TransferJob) -> None:
         self.send_job("store", job, lambda keys, chunks: self.actor.store.remote(self.region, keys, chunks))

@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -51,7 +50,7 @@ class ExampleTier(SecondaryTier):
         tier_type: str,
         options: ExampleOptions,
         identity: KVIdentity | None = None,
-        **_: Any,
+        **_: object,
     ) -> None:
         super().__init__(primary_kv_view, tier_type, identity)
         self.options = options

@@ -18,7 +18,7 @@ import heapq
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class IoPool:
                 return
         _call(on_cancel)
 
-    def submit_many(self, priority: int, tasks: list[tuple[Callable[[], None], Callable[[], None] | None]]) -> None:
+    def submit_many(self, priority: int, tasks: Sequence[tuple[Callable[[], None], Callable[[], None] | None]]) -> None:
         with self._cond:
             if not self._closed:
                 for task, on_cancel in tasks:

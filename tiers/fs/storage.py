@@ -29,9 +29,14 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tiers.fs import format as fmt
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+    from raykv.metrics.incidents import Removal
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +170,7 @@ class Storage(ABC):
         self.algo = algo  # checksum algorithm of the files this process writes
         self._dirs_lock = threading.Lock()
         self._known_dirs: set[str] = set()
-        self._scan_removed: dict[str, list[Any]] = {}
+        self._scan_removed: dict[str, list[Removal]] = {}
 
     def note_scan_removal(self, reason: str, path: str, key: bytes | None, detail: str) -> None:
         """A block file ``scan`` removed (``scan_removals``)."""
@@ -173,7 +178,7 @@ class Storage(ABC):
 
         self._scan_removed.setdefault(reason, []).append(Removal(key.hex() if key else "?", path, detail[:200]))
 
-    def scan_removals(self) -> dict[str, list[Any]]:
+    def scan_removals(self) -> dict[str, list[Removal]]:
         """Block files the last ``scan`` removed, by reason
         (``raykv.metrics.incidents.Removal``s); cleared by the call."""
         out, self._scan_removed = self._scan_removed, {}
@@ -443,11 +448,13 @@ def _preadv_all(fd: int, bufs: list) -> int:
 
 # ---------------------------------------------------------------------------
 class ArrowStorage(Storage):
-    """Any ``pyarrow.fs`` filesystem, addressed by URI."""
+    """A ``pyarrow.fs`` filesystem (any of them), addressed by URI."""
 
     ATOMIC_PUT = ("s3", "gcs")  # a single object put is atomic
 
-    def __init__(self, root: str, algo: int = fmt.ALGORITHMS["crc32"], filesystem: Any = None) -> None:
+    def __init__(
+        self, root: str, algo: int = fmt.ALGORITHMS["crc32"], filesystem: pafs.FileSystem | None = None
+    ) -> None:
         """``root``: a URI; or, with ``filesystem`` (a ``pyarrow.fs.FileSystem``), a path in it."""
         import pyarrow.fs as pafs
 

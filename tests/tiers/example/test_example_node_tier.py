@@ -3,8 +3,6 @@ tier that writes only its storage (directory, placement, jobs, holder death)."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import ray
@@ -15,6 +13,7 @@ from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 
 NS = "raykv-example-node-test"
 BLOCK = 8192
@@ -29,14 +28,15 @@ def services(ray_local):
 
 def _wait_name_free(name: str, timeout: float = 10.0) -> None:
     """Until the GCS has the killed actor ``name`` dead (its name free again)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def name_free() -> bool:
         try:
             ray.get_actor(name, namespace=NS)
         except ValueError:
-            return
-        assert time.monotonic() < deadline, f"actor {name} still registered"
-        time.sleep(0.05)
+            return True
+        return False
+
+    wait_until(name_free, timeout_s=timeout, interval_s=0.05, what=f"actor {name} to be unregistered")
 
 
 def _tier(services, region, **options):
@@ -58,7 +58,7 @@ def test_one_engine_loads_what_another_stored(services):
             # a key it lost is a failed key, not a failed engine
             res = TierDriver(reader).load([keys[0], keys[5]], [0, 1])
             assert not res.success and list(res.successful_keys) == [keys[0]]
-            assert ray.get(writer.actor.stats.remote())["blocks"] == 4
+            assert ray.get(writer.actor.stats.remote()).figures["blocks"] == 4
         finally:
             writer.shutdown()
             reader.shutdown()
@@ -75,14 +75,14 @@ def test_capacity_evicts_least_recently_used_and_unregisters(services):
         try:
             for i in range(6):
                 assert TierDriver(tier).store([keys[i]], [i]).success
-            stats = ray.get(tier.actor.stats.remote())
+            stats = ray.get(tier.actor.stats.remote()).figures
             assert (stats["blocks"], stats["bytes"], stats["evicted"]) == (3, 3 * BLOCK, 3)
             held = [bool(h) for h in services.directory.lookup([tier.scope(k) for k in keys[:6]])]
             assert held == [False] * 3 + [True] * 3, "evicted blocks must leave the directory"
             # another engine asking for more keeps the running actor's capacity
             other = _tier(services, region, capacity_bytes=100 * BLOCK)
             other.shutdown()
-            assert ray.get(tier.actor.stats.remote())["capacity_bytes"] == 3 * BLOCK
+            assert ray.get(tier.actor.stats.remote()).figures["capacity_bytes"] == 3 * BLOCK
         finally:
             tier.shutdown()
 
@@ -95,10 +95,12 @@ def test_a_dead_holder_leaves_the_directory_and_lookups_miss(services):
             assert TierDriver(tier).store(keys, [0, 1, 2]).success
             assert [bool(h) for h in services.directory.lookup([tier.scope(k) for k in keys])] == [True] * 3
             ray.kill(tier.actor, no_restart=True)
-            deadline = time.monotonic() + 10
-            while any(services.directory.lookup([tier.scope(k) for k in keys])):
-                assert time.monotonic() < deadline, "the dead holder's entries stayed in the directory"
-                time.sleep(0.05)
+            wait_until(
+                lambda: not any(services.directory.lookup([tier.scope(k) for k in keys])),
+                timeout_s=10,
+                interval_s=0.05,
+                what="the dead holder's entries to leave the directory",
+            )
             services.lookup_cache.invalidate([tier.scope(k) for k in keys])
             assert tier.lookup_blocking(keys) == [LookupResult.MISS] * 3
             res = TierDriver(tier).load(keys[:1], [0])  # a job still ends in a result

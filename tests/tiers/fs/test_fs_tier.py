@@ -126,8 +126,9 @@ def test_store_lookup_load_roundtrip(raykv_services, tmp_path, uri):
         before = os.stat(f).st_mtime_ns
         assert TierDriver(writer).store(keys[:2], [0, 1]).success
         assert os.stat(f).st_mtime_ns == before
-        stats = ray.get(writer.actor.stats.remote())
+        stats = ray.get(writer.actor.stats.remote()).figures
         assert stats["files"] == 6 and stats["bytes"] == 6 * FILE
+        assert writer.stats().figures == stats  # the tier's own stats(): the root actor's
         text = ray.get(writer.actor.__ray_call__.remote(lambda self: repr(self)))
         assert text.startswith(f"FsRoot({writer.root}, capacity ") and "files=" not in text, text
         writer.shutdown()
@@ -150,7 +151,7 @@ def test_restarted_root_actor_rescans(raykv_services, tmp_path):
         # a new root actor finds the files and registers them: nothing lost
         again = _tier(raykv_services, root, dst.view)
         assert _held(raykv_services, keys) == [True] * 4
-        assert ray.get(again.actor.stats.remote())["scanned_at_start"] == 4
+        assert ray.get(again.actor.stats.remote()).figures["scanned_at_start"] == 4
         assert TierDriver(again).load(keys, [3, 2, 1, 0]).success
         assert np.array_equal(src.array[::-1], dst.array)
         again.shutdown()
@@ -186,7 +187,7 @@ def test_capacity_evicts_lru(raykv_services, tmp_path):
         assert drv.store(big, list(range(7))).success
         assert _held(raykv_services, big) == [False, False] + [True] * 5
         assert _disk_bytes(root) <= cap
-        stats = ray.get(tier.actor.stats.remote())
+        stats = ray.get(tier.actor.stats.remote()).figures
         assert stats["bytes"] <= cap and stats["evicted"] >= 9
         tier.shutdown()
 
@@ -332,7 +333,7 @@ def test_corrupt_and_truncated_files_fail_and_are_removed(raykv_services, tmp_pa
         assert _held(raykv_services, keys) == [False, False, False, True, True]
         assert reader.lookup_blocking(keys) == [LookupResult.MISS] * 3 + [LookupResult.HIT] * 2
         assert np.array_equal(src.array[3:], dst.array[3:])
-        stats = ray.get(tier.actor.stats.remote())
+        stats = ray.get(tier.actor.stats.remote()).figures
         assert stats["files"] == 2 and stats["removed_reasons"] == {"corrupt": 3}
         # the keys can be stored again
         assert TierDriver(tier).store(keys[:3], [0, 1, 2]).success
@@ -381,7 +382,8 @@ def _actor_log_lines(needle: str) -> list[str]:
     """Lines naming ``needle`` in this Ray session's worker logs (the actors' stderr/stdout)."""
     from pathlib import Path
 
-    logs = Path(ray._private.worker.global_worker.node.get_session_dir_path()) / "logs"
+    ctx = ray.get_runtime_context()  # the session dir is <temp dir>/<session name>
+    logs = Path(ctx.get_temp_dir(), ctx.get_session_name(), "logs")
     out = []
     for f in logs.glob("worker-*"):
         try:
@@ -408,7 +410,7 @@ def test_every_removed_corrupt_file_is_counted_and_named_in_the_log(raykv_servic
         res = TierDriver(tier).load(keys, list(range(7)))
         assert not res.success and not res.successful_keys
         assert not any(os.path.exists(p) for p in paths)
-        stats = ray.get(tier.actor.stats.remote())
+        stats = ray.get(tier.actor.stats.remote()).figures
         assert stats["removed_reasons"] == {"corrupt": 7} and stats["removed_files_logged"] == {"corrupt": 7}
         scoped = scoped_keys(keys)
         deadline = time.monotonic() + 30  # the first 10 at once; a summary would follow within 10 s
@@ -452,7 +454,7 @@ def test_killed_root_actor_drops_entries_fast(raykv_services, tmp_path):
         assert load.success  # the files are still there and valid
         tier.drain_jobs()
         h = holder_info(str(root), raykv_services.namespace)
-        assert all(h.holder_id not in s["holders"] for s in raykv_services.directory.stats())
+        assert all(h.holder_id not in s.holders for s in raykv_services.directory.stats())
         tier.shutdown()
 
 
@@ -467,7 +469,7 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         t0 = time.monotonic()
         while True:  # a fresh instance (no commits yet) that found the 6 files
             try:
-                stats = ray.get(tier.actor.stats.remote(), timeout=5)
+                stats = ray.get(tier.actor.stats.remote(), timeout=5).figures
                 if stats["commits"] == 0 and stats["scanned_at_start"] == 6:
                     break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
@@ -482,7 +484,7 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         assert tier.lookup_blocking(keys) == [LookupResult.HIT] * 6
         more = _keys(2)
         assert TierDriver(tier).store(more, [0, 1]).success
-        assert ray.get(tier.actor.stats.remote())["files"] == 8
+        assert ray.get(tier.actor.stats.remote()).figures["files"] == 8
         tier.shutdown()
 
 
@@ -510,7 +512,7 @@ def test_unknown_file_on_disk_is_adopted_by_a_store(raykv_services, tmp_path):
         assert TierDriver(tier).store(keys, [0, 1]).success
         assert os.stat(_path(root, keys[0])).st_mtime_ns == before  # not rewritten
         assert _held(raykv_services, keys) == [True, True]
-        assert ray.get(tier.actor.stats.remote())["files"] == 2
+        assert ray.get(tier.actor.stats.remote()).figures["files"] == 2
         reader = _tier(raykv_services, root, dst.view)
         assert TierDriver(reader).load(keys, [0, 1]).success
         assert np.array_equal(src.array, dst.array)
