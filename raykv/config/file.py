@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import NoReturn
 
 from raykv.core.validate import ConfigError, type_name
 
@@ -18,7 +18,7 @@ from raykv.core.validate import ConfigError, type_name
 MAX_CONFIG_BYTES = 16 << 20
 
 
-def load_config_file(path: str) -> dict[str, Any]:
+def load_config_file(path: str) -> dict[str, object]:
     """The mapping in ``path`` (``.json``: JSON; otherwise YAML, which also reads JSON)."""
     where = f"config file {path!r}"
     if not isinstance(path, str) or not path:
@@ -48,16 +48,16 @@ def load_config_file(path: str) -> dict[str, Any]:
     return raw
 
 
-def _parse_json(text: str, where: str) -> Any:
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+def _parse_json(text: str, where: str) -> object:
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        out: dict[str, object] = {}
         for k, v in pairs:
             if k in out:
                 raise ConfigError(where, f"key {k!r} appears twice in one object")
             out[k] = v
         return out
 
-    def no_constant(name: str) -> Any:
+    def no_constant(name: str) -> NoReturn:
         raise ConfigError(where, f"{name} is not a JSON number")
 
     if not text.strip():
@@ -70,15 +70,15 @@ def _parse_json(text: str, where: str) -> Any:
         raise ConfigError(where, "nested too deeply") from None
 
 
-def _parse_yaml(text: str, where: str) -> Any:
+def _parse_yaml(text: str, where: str) -> object:
     import yaml
 
     class Loader(yaml.SafeLoader):
         """SafeLoader that refuses a key given twice in one mapping."""
 
-    def construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
         loader.flatten_mapping(node)
-        out: dict[Any, Any] = {}
+        out: dict[object, object] = {}
         for key_node, value_node in node.value:
             key = loader.construct_object(key_node, deep=deep)
             try:

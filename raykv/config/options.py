@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from raykv.core.factory import tier_instance_key, validate_tier_config
 from raykv.core.fields import check_namespace, opt, parse_options
 from raykv.core.tenants import check_shared_tenants
 from raykv.core.validate import ConfigError
+from raykv.core.wire import Report
 from raykv.policy.rules import PolicyRule, check_rule_tier
 
 
@@ -87,10 +87,10 @@ class RaykvConfig:
     )
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None) -> "RaykvConfig":
+    def from_dict(cls, raw: Mapping[str, object] | None) -> RaykvConfig:
         """Validate ``raw`` (fields, each tier and rule, and how they fit together)."""
         cfg = parse_options(cls, raw, "")
-        seen: dict[Any, int] = {}
+        seen: dict[tuple[str, object], int] = {}
         for i, tier in enumerate(cfg.tiers):
             where = f"tiers[{i}]"
             validate_tier_config(tier, where)
@@ -124,5 +124,6 @@ class RaykvConfig:
                 names[rule.name] = i
         return cfg
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Report:
+        """Every field, as JSON (``from_dict`` reads it back)."""
         return dataclasses.asdict(self)

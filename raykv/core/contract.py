@@ -11,7 +11,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any
 
 import numpy as np
 
@@ -58,7 +57,7 @@ class ReqContext:
     """Per-request context handed to every tier call."""
 
     req_id: str
-    kv_transfer_params: Mapping[str, Any] | None = None
+    kv_transfer_params: Mapping[str, object] | None = None
     tenant: str | None = None
     cache_salt: str | None = None
     #: The request's offload keys in prefix order, when the engine knows them
@@ -127,8 +126,9 @@ def check_primary_holds_a_block(primary_kv_view: memoryview) -> None:
     vLLM sizes its CPU primary as ``cpu_bytes_to_use // chunk bytes``: 0 chunks
     when cpu_bytes is below one block. raykv's spec refuses that first; vLLM's
     own spec builds an empty primary, from which nothing could be offloaded."""
-    if primary_kv_view.ndim == 2 and primary_kv_view.shape[0] < 1:
-        size = primary_kv_view.strides[0]
+    shape, strides = primary_kv_view.shape, primary_kv_view.strides
+    if shape is not None and strides is not None and len(shape) == 2 and shape[0] < 1:
+        size = strides[0]
         raise ConfigError(
             "cpu_bytes_to_use",
             f"the CPU primary holds no KV block ({size} bytes each): give it at least {size} bytes "
@@ -168,16 +168,15 @@ class SecondaryTier(ABC):
     medium: str = "plasma"
 
     def __init__(
-        self, primary_kv_view: memoryview, tier_type: str, identity: "KVIdentity | Mapping[str, Any] | None" = None
+        self, primary_kv_view: memoryview, tier_type: str, identity: KVIdentity | Mapping[str, object] | None = None
     ) -> None:
-        if primary_kv_view.ndim != 2:
-            raise ValueError(
-                f"primary_kv_view must be 2-D (num_chunks, bytes_per_chunk), got shape {primary_kv_view.shape}"
-            )
+        shape, strides = primary_kv_view.shape, primary_kv_view.strides
+        if shape is None or strides is None or len(shape) != 2:
+            raise ValueError(f"primary_kv_view must be 2-D (num_chunks, bytes_per_chunk), got shape {shape}")
         self._primary_kv_view = primary_kv_view
         self.tier_type = tier_type
-        self.block_size_bytes: int = primary_kv_view.strides[0]
-        self.num_chunks: int = primary_kv_view.shape[0]
+        self.block_size_bytes: int = strides[0]
+        self.num_chunks: int = shape[0]
         check_primary_holds_a_block(primary_kv_view)
         #: The engine's KV identity; every key this tier stores or looks up
         #: is scoped with its tag (``raykv.core.identity``).

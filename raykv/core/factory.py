@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from raykv.core.contract import SecondaryTier
 from raykv.core.fields import parse_options
@@ -37,11 +36,16 @@ class TierFactory:
         return sorted(cls._registry)
 
     @classmethod
-    def get_tier_class(cls, config: Mapping[str, Any], where: str = "tier") -> type[SecondaryTier]:
-        config = as_mapping(config, where, what="a mapping with a 'type' key")
-        tier_type = config.get("type")
+    def tier_type(cls, config: object, where: str = "tier") -> str:
+        """``config``'s ``type`` (``ConfigError`` when ``config`` is no mapping or has none)."""
+        tier_type = as_mapping(config, where, what="a mapping with a 'type' key").get("type")
         if not isinstance(tier_type, str) or not tier_type:
             raise ConfigError(f"{where}.type", f"required; known types: {', '.join(cls.known_types())}")
+        return tier_type
+
+    @classmethod
+    def get_tier_class(cls, config: Mapping[str, object], where: str = "tier") -> type[SecondaryTier]:
+        tier_type = cls.tier_type(config, where)
         module_path = config.get("module_path")
         if module_path is not None:
             if not isinstance(module_path, str) or not module_path:
@@ -56,8 +60,8 @@ class TierFactory:
         return cls._registry[tier_type](where)
 
     @classmethod
-    def parse(cls, config: Mapping[str, Any], where: str = "tier") -> tuple[type[SecondaryTier], Any]:
-        """Validate ``config``: the tier class and its parsed ``Options``."""
+    def parse(cls, config: Mapping[str, object], where: str = "tier") -> tuple[type[SecondaryTier], object]:
+        """Validate ``config``: the tier class and its parsed ``Options`` (the tier's own dataclass)."""
         tier_cls = cls.get_tier_class(config, where)
         if config.get("identity") is not None:
             KVIdentity.from_dict(config["identity"], f"{where}.identity")
@@ -69,28 +73,31 @@ class TierFactory:
 
     @classmethod
     def create_tier(
-        cls, config: Mapping[str, Any], primary_kv_view: memoryview, where: str = "tier", **kwargs: Any
+        cls, config: Mapping[str, object], primary_kv_view: memoryview, where: str = "tier", **kwargs: object
     ) -> SecondaryTier:
-        """Validate ``config`` and build the tier over ``primary_kv_view``."""
+        """Validate ``config`` and build the tier over ``primary_kv_view`` (``kwargs``: the
+        tier class's own, e.g. ``services``, ``identity``)."""
         tier_cls, options = cls.parse(config, where)
         if "identity" in config and "identity" not in kwargs:
             kwargs["identity"] = KVIdentity.from_dict(config["identity"], f"{where}.identity")
-        return tier_cls(primary_kv_view, config["type"], options, **kwargs)
+        # Every tier class takes (view, type, its Options, ...); SecondaryTier itself takes no options.
+        build: Callable[..., SecondaryTier] = tier_cls
+        return build(primary_kv_view, cls.tier_type(config, where), options, **kwargs)
 
 
-def validate_tier_config(config: Mapping[str, Any], where: str = "tier") -> Any:
-    """Raise ``ConfigError`` if ``config`` is not a valid tier config."""
+def validate_tier_config(config: Mapping[str, object], where: str = "tier") -> object:
+    """Raise ``ConfigError`` if ``config`` is not a valid tier config; its parsed ``Options``."""
     return TierFactory.parse(config, where)[1]
 
 
-def tier_instance_key(config: Mapping[str, Any], where: str = "tier") -> tuple[str, Any]:
+def tier_instance_key(config: Mapping[str, object], where: str = "tier") -> tuple[str, object]:
     """What makes two tier configs the same tier: its type, plus what the
     tier class's ``instance_key(options)`` says (the fs tier: its canonical
     root, so two spellings of one root are one tier). Without one, a type is
     one tier per config."""
     tier_cls, options = TierFactory.parse(config, where)
     key_of = getattr(tier_cls, "instance_key", None)
-    return config["type"], (key_of(options) if key_of is not None else config.get("module_path"))
+    return TierFactory.tier_type(config, where), (key_of(options) if key_of is not None else config.get("module_path"))
 
 
 def _import_tier_class(module_path: str, class_name: str, field: str) -> type[SecondaryTier]:

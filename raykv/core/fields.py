@@ -3,31 +3,68 @@ checks a mapping against a dataclass of them, naming the field and the allowed v
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar, overload
 
 from raykv.core.validate import ConfigError, as_mapping, check_number, is_int, join, type_name
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T")
+#: An options dataclass.
+D = TypeVar("D", bound="DataclassInstance")
+#: What ``opt`` accepts as a field's type: a class, or several.
+Kind = type | tuple[type, ...]
+#: An option's own check: what is wrong with a value already of its kind (None: nothing).
+Check = Callable[..., "str | None"]
 
 _REQUIRED = object()
 
 
+@overload
 def opt(
-    default: Any = _REQUIRED,
+    default: T,
     *,
-    kind: type | tuple[type, ...],
+    kind: Kind,
     min: float | None = None,
     max: float | None = None,
     warn_above: float | None = None,
-    choices: Sequence[Any] | None = None,
-    check: Callable[[Any], str | None] | None = None,
+    choices: Sequence[object] | None = None,
+    check: Check | None = None,
     doc: str = "",
-) -> Any:
-    """Declare a validated option on a config dataclass.
+) -> T: ...
+@overload
+def opt(
+    *,
+    kind: type[T],
+    min: float | None = None,
+    max: float | None = None,
+    warn_above: float | None = None,
+    choices: Sequence[object] | None = None,
+    check: Check | None = None,
+    doc: str = "",
+) -> T: ...
+def opt(
+    default: object = _REQUIRED,
+    *,
+    kind: Kind,
+    min: float | None = None,
+    max: float | None = None,
+    warn_above: float | None = None,
+    choices: Sequence[object] | None = None,
+    check: Check | None = None,
+    doc: str = "",
+) -> object:
+    """Declare a validated option on a config dataclass (without ``default``: a required one).
 
     Numbers are checked against ``min``/``max`` (NaN and infinity never pass);
-    above ``warn_above`` a value is legal but logs one warning.
+    above ``warn_above`` a value is legal but logs one warning. Like
+    ``dataclasses.field`` it returns the field, typed as the option's value.
     """
     meta = {
         "kind": kind,
@@ -41,17 +78,45 @@ def opt(
     if default is _REQUIRED:
         return field(default=None, metadata={**meta, "required": True})
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+        return field(default_factory=functools.partial(copy.copy, default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def _kind_name(kind: type | tuple[type, ...]) -> str:
+@dataclass(frozen=True)
+class _Spec:
+    """What ``opt`` noted of one option (a field's ``metadata``)."""
+
+    kind: Kind
+    min: float | None = None
+    max: float | None = None
+    warn_above: float | None = None
+    choices: Sequence[object] | None = None
+    check: Check | None = None
+    doc: str = ""
+    required: bool = False
+
+    @classmethod
+    def of(cls, f: dataclasses.Field[object]) -> _Spec:
+        m = f.metadata
+        return cls(
+            m["kind"],
+            m.get("min"),
+            m.get("max"),
+            m.get("warn_above"),
+            m.get("choices"),
+            m.get("check"),
+            m.get("doc", ""),
+            bool(m.get("required", False)),
+        )
+
+
+def _kind_name(kind: Kind) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _check_value(name: str, value: Any, meta: Mapping[str, Any]) -> Any:
-    kind = meta["kind"]
+def _check_value(name: str, value: object, spec: _Spec) -> object:
+    kind = spec.kind
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if isinstance(value, bool):
         if bool not in kinds:
@@ -63,47 +128,49 @@ def _check_value(name: str, value: Any, meta: Mapping[str, Any]) -> Any:
     if not isinstance(value, kinds):
         raise ConfigError(name, f"must be {_kind_name(kind)}, got {type_name(value)} {value!r}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        check_number(name, value, minimum=meta.get("min"), maximum=meta.get("max"), warn_above=meta.get("warn_above"))
-    if meta.get("choices") is not None and value not in meta["choices"]:
-        allowed = ", ".join(repr(c) for c in meta["choices"])
+        check_number(name, value, minimum=spec.min, maximum=spec.max, warn_above=spec.warn_above)
+    if spec.choices is not None and value not in spec.choices:
+        allowed = ", ".join(repr(c) for c in spec.choices)
         raise ConfigError(name, f"must be one of {allowed}; got {value!r}")
-    if meta.get("check") is not None:
-        problem = meta["check"](value)
+    if spec.check is not None:
+        problem = spec.check(value)
         if problem:
             raise ConfigError(name, problem)
     return value
 
 
-def parse_options(schema: type, raw: Mapping[str, Any] | None, where: str) -> Any:
+def parse_options(schema: type[D], raw: Mapping[str, object] | None, where: str) -> D:
     """Build the dataclass ``schema`` from ``raw``, validating every field.
 
     ``where`` prefixes field names in errors (e.g. ``secondary_tiers[1]``).
     """
-    raw = as_mapping(raw, where)
+    given = as_mapping(raw, where)
     fields = {f.name: f for f in dataclasses.fields(schema) if f.init}
-    unknown = sorted(set(raw) - set(fields))
+    unknown = sorted(set(given) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "(none)"
         raise ConfigError(join(where, unknown[0]), f"unknown key; allowed keys: {allowed}")
     values = {}
     for name, f in fields.items():
         full = join(where, name)
-        if name not in raw:
-            if f.metadata.get("required"):
-                raise ConfigError(full, f"required ({_kind_name(f.metadata['kind'])})")
+        spec = _Spec.of(f)
+        if name not in given:
+            if spec.required:
+                raise ConfigError(full, f"required ({_kind_name(spec.kind)})")
             continue
-        values[name] = _check_value(full, raw[name], f.metadata)
+        values[name] = _check_value(full, given[name], spec)
     return schema(**values)
 
 
-def describe_options(schema: type) -> list[tuple[str, str, Any, str]]:
+def describe_options(schema: type[DataclassInstance]) -> list[tuple[str, str, object, str]]:
     """(name, kind, default, doc) of each option, for help texts."""
-    out = []
+    out: list[tuple[str, str, object, str]] = []
     for f in dataclasses.fields(schema):
-        default = "required" if f.metadata.get("required") else f.default
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
-        out.append((f.name, _kind_name(f.metadata["kind"]), default, f.metadata.get("doc", "")))
+        spec = _Spec.of(f)
+        default: object = "required" if spec.required else f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out.append((f.name, _kind_name(spec.kind), default, spec.doc))
     return out
 
 
@@ -120,6 +187,6 @@ def check_namespace(value: str) -> str | None:
     return None
 
 
-def namespace_option() -> Any:
+def namespace_option() -> str:
     """A tier's ``namespace`` option (the raykv services it attaches to)."""
     return opt("raykv", kind=str, check=check_namespace, doc="Ray namespace of raykv (when no services are given)")

@@ -17,9 +17,9 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from raykv.core.validate import ConfigError
+from raykv.core.validate import ConfigError, is_int
+from raykv.core.wire import JsonValue, Report
 
 #: Length of an identity tag, the first bytes of every scoped key.
 TAG_BYTES = 8
@@ -39,7 +39,7 @@ class KVIdentity:
     model: str = "default"
     revision: str = ""
     weights: str = ""
-    layout: Mapping[str, Any] = field(default_factory=dict)
+    layout: Mapping[str, JsonValue] = field(default_factory=dict)
 
     @property
     def tag(self) -> bytes:
@@ -54,14 +54,23 @@ class KVIdentity:
         """Stable JSON of every field (what the tag hashes)."""
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+    def to_dict(self) -> Report:
+        """Every field, as JSON (for status pages and files; ``from_dict`` reads it back)."""
+        out: Report = asdict(self)
         out["layout"] = dict(self.layout)
         return out
 
+    def layout_int(self, name: str, default: int | None = None) -> int:
+        """``layout[name]`` as an int (``default`` when absent); ``ValueError`` when it is not one."""
+        value = self.layout.get(name, default)
+        if not is_int(value):
+            raise ValueError(f"identity {self.label()!r}: layout[{name!r}] must be an int, got {value!r}")
+        return int(value)
+
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None, where: str = "identity") -> "KVIdentity":
-        """Build from a mapping (``model``, ``revision``, ``weights``, ``layout``)."""
+    def from_dict(cls, raw: object, where: str = "identity") -> KVIdentity:
+        """Build from a mapping (``model``, ``revision``, ``weights``, ``layout``);
+        an identity is returned as it is, None is ``DEFAULT_IDENTITY``."""
         if raw is None:
             return DEFAULT_IDENTITY
         if isinstance(raw, KVIdentity):

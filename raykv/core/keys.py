@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any, NewType
+from typing import NewType, cast
 
 from raykv.core.validate import ArgumentError, int_arg, sequence_arg
 
@@ -48,25 +48,26 @@ def key_group_idx(key: bytes) -> int:
     return int.from_bytes(key[-GROUP_IDX_BYTES:], "big")
 
 
-def validate_keys(keys: Any, name: str = "keys") -> list[bytes]:
+def validate_keys(keys: object, name: str = "keys") -> list[OffloadKey]:
     """``keys`` (a sequence of offload keys) as bytes; ``ArgumentError`` naming
     the argument and the first bad key (a str, bytes or ints is not a key list)."""
-    return checked_keys(keys, name)[0]
+    return cast("list[OffloadKey]", checked_keys(keys, name)[0])
 
 
-def checked_keys(keys: Any, name: str = "keys") -> tuple[list[bytes], int | None]:
+def checked_keys(keys: object, name: str = "keys") -> tuple[list[bytes], int | None]:
     """``validate_keys``, plus the length every key has (None: several lengths, or no keys)."""
-    keys = sequence_arg(name, keys)
-    lengths = _bytes_lengths(keys)
+    items = sequence_arg(name, keys)
+    lengths = _bytes_lengths(items)
     if lengths is not None and (not lengths or (min(lengths) > GROUP_IDX_BYTES and max(lengths) <= MAX_KEY_BYTES)):
-        return (keys if type(keys) is list else list(keys)), _one_length(lengths)
+        valid = cast("Sequence[bytes]", items)  # every item is bytes of a key's length
+        return (valid if type(valid) is list else list(valid)), _one_length(lengths)
     out = []
-    for i, key in enumerate(keys):
+    for i, key in enumerate(items):
         try:
             out.append(validate_key(key))
         except ValueError as e:
             raise ArgumentError(f"{name}[{i}]", str(e)) from None
-    return out, _one_length(set(map(len, out)))
+    return out, _one_length({len(k) for k in out})
 
 
 def bytes_and_length(keys: Sequence[bytes]) -> tuple[list[bytes], int | None]:
@@ -75,7 +76,7 @@ def bytes_and_length(keys: Sequence[bytes]) -> tuple[list[bytes], int | None]:
     lengths = _bytes_lengths(keys)
     if lengths is None:
         keys = [bytes(k) for k in keys]
-        lengths = set(map(len, keys))
+        lengths = {len(k) for k in keys}
     return (keys if type(keys) is list else list(keys)), _one_length(lengths)
 
 
@@ -84,7 +85,7 @@ def _bytes_lengths(keys: Sequence[object]) -> set[int] | None:
     pass and no Python call per key (on large batches each pass over the key
     objects costs a cache miss per key, more than fingerprinting them)."""
     try:
-        return set(map(bytes.__len__, keys))  # raises for anything but bytes
+        return set(map(bytes.__len__, cast("Sequence[bytes]", keys)))  # raises for anything but bytes
     except TypeError:
         return None
 
@@ -155,19 +156,20 @@ def prefix_keys(
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-def _token_ids(token_ids: Any) -> Sequence[int]:
+def _token_ids(token_ids: object) -> Sequence[int]:
     """Token ids as given when they are a valid int sequence (ints in int64)."""
     items = sequence_arg("token_ids", token_ids)
+    ints = cast("Sequence[int]", items)  # checked next: an int array, or every item an int in int64
     dtype = getattr(items, "dtype", None)
     if dtype is not None:
         if dtype.kind not in "iu":
             raise ArgumentError("token_ids", f"must hold ints, got an array of {dtype}")
-        return [int(t) for t in items]
-    if all(type(t) is int for t in items) and (not items or _INT64[0] <= min(items) and max(items) <= _INT64[1]):
-        return items  # the common case, checked without a call per token
+        return [int(t) for t in ints]
+    if all(type(t) is int for t in items) and (not ints or _INT64[0] <= min(ints) and max(ints) <= _INT64[1]):
+        return ints  # the common case, checked without a call per token
     for i, t in enumerate(items):
         int_arg(f"token_ids[{i}]", t, minimum=_INT64[0], maximum=_INT64[1])
-    return items
+    return ints
 
 
 #: Bytes of a key that pick its directory shard: the block hash's last 8 bytes

@@ -1,7 +1,8 @@
 """Placement: which holder a block is loaded from, decided in one place.
 
-- ``HolderInfo``: a tier actor that holds blocks and registers them at the
-  directory (an object store node actor, an fs root actor).
+- ``HolderInfo`` (from ``raykv.core.wire``, re-exported): a tier actor that
+  holds blocks and registers them at the directory (an object store node
+  actor, an fs root actor, an engine's own cache).
 - ``preference`` / ``choose``: the one rule for "which holder serves this
   key": this node's plasma, then shared storage, then another node's plasma.
   Engines (lookup, load planning), holder actors (finding a block's peer) and
@@ -17,43 +18,29 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-PLASMA = "plasma"  # node-local Ray object store
-SHARED = "shared"  # shared storage reachable from every node
-ENGINE = "engine"  # an engine's own (accelerator) KV cache: routed to, never loaded from
+from raykv.core.wire import ENGINE, PLASMA, SHARED, HolderInfo, LookupReply
 
-#: What a directory shard's ``lookup`` answers: per key a holder-set id
-#: (uint32 blob; 0: nobody), the slots of each set id used, and the holders of
-#: those slots (``HolderInfo.to_dict``).
-LookupReply = tuple[bytes, dict[int, tuple[int, ...]], dict[int, dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class HolderInfo:
-    """One tier actor that holds blocks (an object-store node actor, an fs root)."""
-
-    holder_id: str
-    tier_type: str
-    medium: str  # PLASMA or SHARED
-    actor_name: str
-    namespace: str
-    node_id: str | None = None
-    #: The Ray actor that runs the engine (a Serve replica), for ENGINE holders.
-    owner: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "HolderInfo":
-        return cls(**{k: v for k, v in d.items() if k in _HOLDER_FIELDS})
-
-
-_HOLDER_FIELDS = frozenset(HolderInfo.__dataclass_fields__)
+__all__ = [
+    "ENGINE",
+    "PLASMA",
+    "SHARED",
+    "HolderInfo",
+    "LoadPlanner",
+    "Loader",
+    "LookupReply",
+    "PrefixHit",
+    "choose",
+    "decode_reply",
+    "holder_codes",
+    "prefix_from_codes",
+    "prefix_of",
+    "preference",
+]
 
 
 def preference(holder: HolderInfo, node_id: str | None) -> int:
@@ -139,7 +126,8 @@ def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixH
     except ValueError:
         lead = found
     distinct = dict(zip(map(id, lead), lead))
-    best_of = {i: choose(hs, node_id) for i, hs in distinct.items()}
+    # Every list in ``lead`` names a holder, so ``choose`` finds one for each.
+    best_of = {i: h for i, hs in distinct.items() if (h := choose(hs, node_id)) is not None}
     return PrefixHit(len(lead), list(map(best_of.__getitem__, map(id, lead))))
 
 
@@ -147,7 +135,7 @@ def prefix_of(found: Sequence[list[HolderInfo]], node_id: str | None) -> PrefixH
 _NOBODY: list[HolderInfo] = []
 
 
-def holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tuple[np.ndarray, np.ndarray]:
+def holder_codes(parts: Sequence[tuple[np.ndarray | None, LookupReply]], n: int) -> tuple[np.ndarray, np.ndarray]:
     """Shard replies -> (per key a code, per code its holder list); code 0: nobody.
 
     ``parts``: (positions of the reply's keys, or None for all keys in order,
@@ -155,12 +143,11 @@ def holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tupl
     """
     by_code: list[list[HolderInfo]] = [_NOBODY]
     if len(parts) == 1 and parts[0][0] is None:
-        codes = np.frombuffer(parts[0][1][0], dtype="<u4")
+        codes = np.frombuffer(parts[0][1].set_ids, dtype="<u4")
     else:
         codes = np.zeros(n, dtype=np.int64)
-    for positions, (blob, sets, table) in parts:
+    for positions, (blob, sets, holders) in parts:
         ids = np.frombuffer(blob, dtype="<u4")
-        holders = {s: HolderInfo.from_dict(d) for s, d in table.items()}
         lut = np.zeros(max(sets, default=0) + 1, dtype=np.int64)
         for i, slots in sets.items():
             lut[i] = len(by_code)
@@ -175,7 +162,7 @@ def holder_codes(parts: Sequence[tuple[np.ndarray | None, Any]], n: int) -> tupl
     return codes, table_arr
 
 
-def decode_reply(reply: Any) -> list[list[HolderInfo]]:
+def decode_reply(reply: LookupReply) -> list[list[HolderInfo]]:
     """One shard's lookup reply -> per key its holders (lists shared between
     keys with the same holders: read-only)."""
     codes, by_code = holder_codes([(None, reply)], 0)

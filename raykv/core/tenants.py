@@ -40,7 +40,7 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from raykv.core.fields import opt
 from raykv.core.units import fmt_bytes
@@ -50,9 +50,12 @@ from raykv.core.validate import ConfigError, request_params, request_tenant_valu
 class TenantRequest(Protocol):
     """What tenancy reads of a request (``raykv.core.contract.ReqContext`` has it)."""
 
-    tenant: str | None
-    cache_salt: str | None
-    kv_transfer_params: Any
+    @property
+    def tenant(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
+    @property
+    def kv_transfer_params(self) -> object: ...
 
 
 DEFAULT_TENANT = ""
@@ -95,7 +98,7 @@ def tenant_key(key: bytes, scope: bytes) -> bytes:
     return hashlib.blake2b(head, digest_size=min(len(head), 64), key=scope).digest() + key[-_GROUP_IDX_BYTES:]
 
 
-def check_shared_tenants(raw: Any, where: str = "shared_tenants") -> dict[str, list[str]]:
+def check_shared_tenants(raw: object, where: str = "shared_tenants") -> dict[str, list[str]]:
     """Validate a ``shared_tenants`` mapping (group -> tenants); ``ConfigError`` names the field."""
     if not isinstance(raw, Mapping):
         raise ConfigError(where, f"must be a mapping of group name -> list of tenants, got {type_name(raw)}")
@@ -175,9 +178,11 @@ class TenantSharing:
 ISOLATED = TenantSharing()
 
 
-def check_quotas(value: Any) -> str | None:
+def check_quotas(value: object) -> str | None:
     """``opt(check=...)`` for a ``tenant_quotas`` option."""
-    for tenant, quota in dict(value).items():
+    if not isinstance(value, Mapping):
+        return f"must be a mapping of tenant -> quota in bytes, got {type_name(value)}"
+    for tenant, quota in value.items():
         if not isinstance(tenant, str) or not tenant:
             return f"tenant names must be non-empty strings ('*' = every tenant not listed); got {tenant!r}"
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
@@ -185,7 +190,7 @@ def check_quotas(value: Any) -> str | None:
     return None
 
 
-def tenant_quotas_option(held: str, where: str) -> Any:
+def tenant_quotas_option(held: str, where: str) -> dict[str, int]:
     """A tier's ``tenant_quotas`` option: ``held`` names what a quota counts
     (e.g. "bytes of block files under the root"), ``where`` when it applies."""
     return opt(

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence, Sized
+from typing import Any, Literal, TypeGuard, cast, overload
 
 logger = logging.getLogger("raykv.core.validate")
 
@@ -46,11 +46,11 @@ def warn_once(key: str, message: str) -> bool:
     return True
 
 
-def type_name(value: Any) -> str:
+def type_name(value: object) -> str:
     return type(value).__name__
 
 
-def key_name(key: Any) -> str:
+def key_name(key: object) -> str:
     """How a mapping key appears in a field path: as is when it is a plain
     name (letters, digits, '_', '-'), else quoted (``''``, ``'a.b'``, ``1``)."""
     if isinstance(key, str) and key and all(c.isalnum() or c in "_-" for c in key) and key.isascii():
@@ -58,13 +58,13 @@ def key_name(key: Any) -> str:
     return repr(key)
 
 
-def join(where: str, name: Any) -> str:
+def join(where: str, name: object) -> str:
     """``where.name`` (or ``name`` at the top level), ``name`` as ``key_name`` shows it."""
-    name = key_name(name)
-    return f"{where}.{name}" if where else name
+    text = key_name(name)
+    return f"{where}.{text}" if where else text
 
 
-def as_mapping(raw: Any, where: str, *, what: str = "a mapping") -> dict[str, Any]:
+def as_mapping(raw: object, where: str, *, what: str = "a mapping") -> dict[str, object]:
     """``raw`` as a dict with str keys; ``None`` is an empty mapping."""
     if raw is None:
         return {}
@@ -76,21 +76,23 @@ def as_mapping(raw: Any, where: str, *, what: str = "a mapping") -> dict[str, An
     return dict(raw)
 
 
-def as_list(raw: Any, where: str) -> list[Any]:
-    """``raw`` as a list (a list or tuple; not a str, bytes or mapping)."""
+def as_list(raw: object, where: str) -> list[Any]:
+    """``raw`` as a list (a list or tuple; not a str, bytes or mapping).
+
+    Its items are raw input, for the caller to check next (hence not typed)."""
     if isinstance(raw, (list, tuple)):
         return list(raw)
     raise ConfigError(where, f"must be a list, got {type_name(raw)} {_short(raw)}")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[numbers.Integral]:
     """An integer (Python or numpy), never a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_number(
     where: str,
-    value: Any,
+    value: float,
     *,
     minimum: float | None = None,
     maximum: float | None = None,
@@ -111,42 +113,47 @@ def check_number(
         )
 
 
-def int_arg(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def int_arg(name: str, value: object, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """An integer API argument (Python or numpy int; not bool, float or str)."""
     if not is_int(value):
         raise ArgumentError(name, f"must be an int, got {type_name(value)} {_short(value)}")
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ArgumentError(name, f"must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ArgumentError(name, f"must be <= {maximum}, got {value}")
-    return value
+    number = int(value)
+    if minimum is not None and number < minimum:
+        raise ArgumentError(name, f"must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ArgumentError(name, f"must be <= {maximum}, got {number}")
+    return number
 
 
-def timeout_arg(name: str, value: Any, *, allow_none: bool = True) -> float | None:
+@overload
+def timeout_arg(name: str, value: object, *, allow_none: Literal[False]) -> float: ...
+@overload
+def timeout_arg(name: str, value: object, *, allow_none: bool = True) -> float | None: ...
+def timeout_arg(name: str, value: object, *, allow_none: bool = True) -> float | None:
     """A timeout in seconds: a finite number > 0 (or None: wait forever, where allowed)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ArgumentError(name, f"must be a number of seconds, got {type_name(value)} {_short(value)}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ArgumentError(name, f"must be a finite number of seconds > 0, got {value!r}")
-    return value
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ArgumentError(name, f"must be a finite number of seconds > 0, got {seconds!r}")
+    return seconds
 
 
-def sequence_arg(name: str, value: Any) -> Sequence[Any]:
+def sequence_arg(name: str, value: object) -> Sequence[object]:
     """A sequence of items (list, tuple, numpy array...); a str, bytes or mapping is not one."""
-    if isinstance(value, (str, bytes, bytearray, memoryview, Mapping)) or not hasattr(value, "__len__"):
+    if isinstance(value, (str, bytes, bytearray, memoryview, Mapping)) or not isinstance(value, Sized):
         raise ArgumentError(name, f"must be a sequence (list or tuple), got {type_name(value)} {_short(value)}")
+    items = cast("Sequence[object]", value)  # sized; iterable is checked next: all its callers use of it
     try:
-        iter(value)
+        iter(items)
     except TypeError:
         raise ArgumentError(name, f"must be a sequence (list or tuple), got {type_name(value)}") from None
-    return value
+    return items
 
 
-def int_sequence_arg(name: str, value: Any, *, minimum: int | None = None) -> list[int]:
+def int_sequence_arg(name: str, value: object, *, minimum: int | None = None) -> list[int]:
     """A sequence of ints (chunk ids, token ids): floats and strings are refused, never coerced."""
     items = sequence_arg(name, value)
     dtype = getattr(items, "dtype", None)
@@ -155,7 +162,7 @@ def int_sequence_arg(name: str, value: Any, *, minimum: int | None = None) -> li
     return [int_arg(f"{name}[{i}]", v, minimum=minimum) for i, v in enumerate(items)]
 
 
-def json_value(where: str, value: Any, depth: int = 0) -> None:
+def json_value(where: str, value: object, depth: int = 0) -> None:
     """A JSON-like value (str, finite number, bool, None, list, str-keyed dict)."""
     if depth > 32:
         raise ConfigError(where, "nested too deeply (over 32 levels)")
@@ -176,7 +183,7 @@ def json_value(where: str, value: Any, depth: int = 0) -> None:
     raise ConfigError(where, f"must be a JSON value (str, number, bool, null, list, mapping), got {type_name(value)}")
 
 
-def request_params(value: Any) -> Mapping[str, Any] | None:
+def request_params(value: object) -> Mapping[str, object] | None:
     """A request's ``kv_transfer_params`` as raykv reads them: a mapping, or None.
 
     Requests are never refused for odd params (a cache must not fail a
@@ -194,7 +201,7 @@ def request_params(value: Any) -> Mapping[str, Any] | None:
     return None
 
 
-def request_tenant_value(value: Any) -> str | None:
+def request_tenant_value(value: object) -> str | None:
     """``kv_transfer_params['tenant']`` as a tenant name: a str or an int, else none."""
     if value is None or isinstance(value, bool):
         return None
@@ -207,7 +214,7 @@ def request_tenant_value(value: Any) -> str | None:
     return None
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def _short(value: object, limit: int = 60) -> str:
     try:
         text = repr(value)
     except Exception:

@@ -4,9 +4,11 @@
 attach to raykv's services, answer ``lookup`` from the process's
 ``LookupCache`` (never blocking), decide which tier of the process serves a
 key (``raykv.core.placement.LoadPlanner``: one rule), count jobs and metrics,
-report KV events from the holder's log, and start or find the holder actor
-(``start_holder_actor``: wait until ready, warn on a capacity mismatch). A
-tier adds its data path and ``can_load``."""
+report KV events from the holder's log (``HoldingsPage``s), and start or find
+the holder actor (``start_holder_actor``: wait for its ``HolderReady``, warn on
+a capacity mismatch). ``ActorCallTier`` turns each job's ``StoreAnswer`` /
+``LoadAnswer`` into its result. A tier adds its data path and ``can_load``;
+the messages are ``raykv.core.wire``'s."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import ray
@@ -31,11 +32,12 @@ from raykv.core.contract import (
     TransferJob,
 )
 from raykv.core.errors import RaykvError, root_cause
+from raykv.core.handles import HolderHandle
 from raykv.core.identity import KVIdentity
 from raykv.core.jobs import JobTracker, MeteredJobTracker
 from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
-from raykv.core.placement import HolderInfo
 from raykv.core.tenants import TenantSharing
+from raykv.core.wire import HolderInfo, HolderReady, LoadAnswer, StoreAnswer
 from raykv.engine.polling import ActorLiveness, HoldingsFeed, poll_ref
 from raykv.metrics.recorders import TierMetrics
 from raykv.metrics.step_cost import COUNTS
@@ -78,15 +80,16 @@ class DirectoryBackedTier(SecondaryTier):
 
     # -- KV events -----------------------------------------------------------
     #: The holder actor whose holdings this tier reports (set by subclasses).
-    actor: Any = None
+    actor: HolderHandle
     #: Its liveness, polled without blocking (set by subclasses).
     liveness: ActorLiveness | None = None
 
     def enable_events(self) -> None:
         """Report this identity's blocks in the holder actor as ``TierEvent``s
         (``take_events``): a snapshot first, then stores and removals."""
-        if self._events is None and self.actor is not None:
-            self._events = HoldingsFeed(self.actor, self.key_tag)
+        actor: HolderHandle | None = getattr(self, "actor", None)  # None: the subclass has not set it
+        if self._events is None and actor is not None:
+            self._events = HoldingsFeed(actor, self.key_tag)
 
     def take_events(self) -> list[TierEvent]:
         if self._events is None:
@@ -115,22 +118,24 @@ class DirectoryBackedTier(SecondaryTier):
         self.services.planner.remove(self.key_tag, self)
 
     @staticmethod
-    def start_holder_actor(actor: Any, what: str, requested_capacity: int, timeout: float) -> dict[str, Any]:
+    def start_holder_actor(actor: HolderHandle, what: str, requested_capacity: int, timeout: float) -> HolderReady:
         """Wait until a holder actor (just started, or found running) is
         ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
         start; a warning when it runs with another capacity than asked for."""
         try:
-            info = ray.get(actor.ready.remote(), timeout=timeout)
+            ready = ray.get(actor.ready.remote(), timeout=timeout)
         except Exception as e:
             raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
-        if info["requested_capacity_bytes"] != requested_capacity:
+        if not isinstance(ready, HolderReady):
+            raise RaykvError(f"{what} answered ready() with a {type(ready).__name__}, not a HolderReady")
+        if ready.requested_capacity_bytes != requested_capacity:
             logger.warning(
                 "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
                 what,
-                info["requested_capacity_bytes"],
+                ready.requested_capacity_bytes,
                 requested_capacity,
             )
-        return info
+        return ready
 
     @abstractmethod
     def poll_jobs(self) -> None:
@@ -138,14 +143,15 @@ class DirectoryBackedTier(SecondaryTier):
 
     # -- contract ------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if type(key) is not bytes:
+        raw: bytes = key
+        if type(raw) is not bytes:
             try:
-                key = validate_key(key)
+                raw = validate_key(raw)
             except ValueError:
                 return LookupResult.MISS  # a malformed key is nobody's: never batch it
-        elif not GROUP_IDX_BYTES < len(key) <= MAX_KEY_BYTES:
+        elif not GROUP_IDX_BYTES < len(raw) <= MAX_KEY_BYTES:
             return LookupResult.MISS
-        return self._lookup_scoped(self.scope(key, req_context), req_context)
+        return self._lookup_scoped(self.scope(raw, req_context), req_context)
 
     def _lookup_scoped(self, key: bytes, req_context: ReqContext | None = None) -> LookupResult:
         self._cache.poll()
@@ -276,10 +282,11 @@ class ActorCallTier(DirectoryBackedTier):
     holder actor (object_store, the example node tier).
 
     ``send_job`` tracks the call; ``poll_jobs`` finishes each job exactly
-    once: from the actor's answer (``finish_job``, the tier's), or as failed
-    when the call raised, the actor died, or ``job_timeout_s`` passed. A
-    failed load forgets the cached answers of its keys, so the next lookup
-    asks the directory again.
+    once: from the actor's answer (a store call answers a ``StoreAnswer``, a
+    load call a ``LoadAnswer``, both ``raykv.core.wire``; ``finish_job``), or
+    as failed when the call raised, answered anything else, the actor died,
+    or ``job_timeout_s`` passed. A failed load forgets the cached answers of
+    its keys, so the next lookup asks the directory again.
     """
 
     #: Seconds a job's actor call may take before the job fails (set by subclasses).
@@ -290,34 +297,40 @@ class ActorCallTier(DirectoryBackedTier):
     #: it never lands after the job failed (the engine may reuse its slots).
     DEADLINE_GRACE_S = 2.0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        namespace: str,
+        services: RaykvServices | None = None,
+        identity: KVIdentity | None = None,
+    ) -> None:
+        super().__init__(primary_kv_view, tier_type, namespace, services, identity)
         self._calls_lock = threading.Lock()
-        self._inflight: dict[ray.ObjectRef, _InFlight] = {}
+        self._inflight: dict[ray.ObjectRef[object], _InFlight] = {}
         self._closed = False
 
-    def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: dict[str, Any]) -> None:
-        """Turn the actor's ``answer`` into the job's result.
+    def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: StoreAnswer | LoadAnswer) -> None:
+        """Turn the actor's answer to ``kind`` job ``job`` (its scoped ``keys``) into the job's result.
 
-        The answer protocol: a store answers ``{"bytes": n}`` or
-        ``{"error": why}`` (nothing new stored); a load answers ``{"ok":
-        [positions], "errors": {position: why}, "bytes": n}``, each key on its
-        own.
+        A ``StoreAnswer`` has the bytes stored, or the ``error`` why nothing
+        new was; a ``LoadAnswer`` the positions (in ``keys``) that loaded and
+        why each other one did not: a load succeeds or fails key by key.
         """
-        if kind == "store":
-            if answer.get("error"):
-                self.jobs.fail(job, f"{self.tier_type} store failed: {answer['error']}")
+        if isinstance(answer, StoreAnswer):
+            if answer.error:
+                self.jobs.fail(job, f"{self.tier_type} store failed: {answer.error}")
             else:
                 self._cache.note_stored(keys, self.holder_info)
-                self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+                self.jobs.succeed(job, transfer_bytes=answer.bytes)
             return
-        errors: dict[int, str] = answer.get("errors", {})
+        errors = answer.errors
         if not errors:
-            self.jobs.succeed(job, transfer_bytes=answer.get("bytes", 0))
+            self.jobs.succeed(job, transfer_bytes=answer.bytes)
             return
         self._cache.invalidate([keys[i] for i in errors], self.tier_type)
         originals = list(job.keys)
-        ok = [originals[i] for i in answer.get("ok", [])]
+        ok = [originals[i] for i in answer.ok]
         shown = "; ".join(f"{keys[i].hex()[:12]}: {why}" for i, why in list(errors.items())[:3])
         more = f"; +{len(errors) - 3} more" if len(errors) > 3 else ""
         self.jobs.fail(job, f"{len(errors)} of {len(keys)} keys not loaded: {shown}{more}", successful_keys=ok)
@@ -326,7 +339,9 @@ class ActorCallTier(DirectoryBackedTier):
         """Wall-clock time after which the actor must not start a load's copy."""
         return time.time() + max(0.05, self.job_timeout_s - self.DEADLINE_GRACE_S)
 
-    def send_job(self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int]], ray.ObjectRef]) -> None:
+    def send_job(
+        self, kind: str, job: TransferJob, call: Callable[[list[bytes], list[int]], ray.ObjectRef[object]]
+    ) -> None:
         """Track ``job`` and send ``call(scoped keys, chunk ids)``; any error becomes its failed result."""
         self.jobs.begin(job)
         try:
@@ -343,7 +358,7 @@ class ActorCallTier(DirectoryBackedTier):
             self.jobs.fail(job, f"{self.tier_type} {kind} not submitted: {e!r}")
 
     def poll_jobs(self) -> None:
-        if not self._closed:
+        if not self._closed and self.liveness is not None:
             self.liveness.poll()
         with self._calls_lock:
             if not self._inflight:
@@ -353,24 +368,27 @@ class ActorCallTier(DirectoryBackedTier):
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
         now = time.monotonic()
         ready_set = set(ready)
-        finished: list[tuple[ray.ObjectRef | None, _InFlight]] = []
+        finished: list[tuple[ray.ObjectRef[object] | None, _InFlight]] = []
         with self._calls_lock:
             for ref in refs:
                 if ref in ready_set or now > self._inflight[ref].deadline:
                     finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
-        for ref, entry in finished:
-            self._finish(ref, entry)
+        for answered, entry in finished:
+            self._finish(answered, entry)
 
-    def _finish(self, ref: ray.ObjectRef | None, entry: _InFlight) -> None:
+    def _finish(self, ref: ray.ObjectRef[object] | None, entry: _InFlight) -> None:
         job, kind = entry.job, entry.kind
+        expected = StoreAnswer if kind == "store" else LoadAnswer
         if ref is None:
             error = f"{self.tier_type} {kind} timed out after {self.job_timeout_s}s"
         else:
             done, answer, exc = poll_ref(ref)
-            if exc is None:
+            if exc is None and isinstance(answer, expected):
                 self.finish_job(kind, job, entry.keys, answer)
                 return
-            if isinstance(exc, ray.exceptions.RayActorError):
+            if exc is None:
+                error = f"{self.tier_type} {kind} failed: the actor answered a {type(answer).__name__}"
+            elif isinstance(exc, ray.exceptions.RayActorError):
                 error = f"{self.tier_type} actor of node {self.node_id} unavailable: {type(exc).__name__}"
             else:
                 error = f"{self.tier_type} {kind} failed: {exc!r}"
@@ -395,4 +413,5 @@ class ActorCallTier(DirectoryBackedTier):
             self._inflight.clear()
         for entry in left:
             self.jobs.fail(entry.job, f"{self.tier_type} tier shut down")
-        self.liveness.close()
+        if self.liveness is not None:
+            self.liveness.close()

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import cast
 
 import ray
 
 from raykv.core.contract import TierEvent
+from raykv.core.handles import HolderHandle, WatchableHandle
+from raykv.core.keys import OffloadKey
+from raykv.core.wire import HoldingsPage
 from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
 
 
-def poll_ref(ref: ray.ObjectRef) -> tuple[bool, Any, BaseException | None]:
-    """An actor call's outcome if it has one, without waiting: ``(done, value, error)``."""
+def poll_ref(ref: ray.ObjectRef[object]) -> tuple[bool, object, BaseException | None]:
+    """An actor call's outcome if it has one, without waiting: ``(done, value, error)``
+    (the caller checks that ``value`` is the message it expects)."""
     COUNTS.polls += 1
     ready, _ = ray.wait([ref], timeout=0)
     if not ready:
@@ -40,13 +44,13 @@ class ActorLiveness:
     #: seen at once by any call to the actor that fails (``mark_dead``).
     WATCH_POLL_S = 0.05
 
-    def __init__(self, actor: Any, what: str, ping_period_s: float = 1.0) -> None:
+    def __init__(self, actor: WatchableHandle, what: str, ping_period_s: float = 1.0) -> None:
         self.actor = actor
         self.what = what  # for logs: "object store actor of node ..."
         self.ping_period_s = ping_period_s
         self.alive = True
         self._watch = actor.raykv_watch.remote()
-        self._ping: Any = None
+        self._ping: ray.ObjectRef[object] | None = None
         self._next_ping = 0.0
         self._next_watch_poll = 0.0
 
@@ -100,11 +104,11 @@ class HoldingsFeed:
     #: oldest go and the next read is a fresh snapshot.
     MAX_KEYS = 1 << 18
 
-    def __init__(self, actor: Any, tag: bytes) -> None:
+    def __init__(self, actor: HolderHandle, tag: bytes) -> None:
         self.actor = actor
         self.tag = tag
         self._since: int | None = None  # None: ask for a snapshot
-        self._call: Any = None
+        self._call: ray.ObjectRef[object] | None = None
         self._pending: list[TierEvent] = []
         self._keys = 0
         self._strip = len(tag)
@@ -119,21 +123,25 @@ class HoldingsFeed:
                 logger.debug("holdings feed: %r", error)
                 self._since = None
                 return
+            if not isinstance(out, HoldingsPage):
+                logger.warning("holdings feed: the holder answered %s, not a HoldingsPage", type(out).__name__)
+                self._since = None
+                return
             self._absorb(out)
         try:
             self._call = self.actor.events_since.remote(self._since, self.tag)
         except Exception as e:
             logger.debug("holdings feed not sent: %r", e)
 
-    def _absorb(self, out: dict[str, Any]) -> None:
+    def _absorb(self, page: HoldingsPage) -> None:
         n = self._strip
-        if out["snapshot"] is not None:
-            self._pending.append(TierEvent([k[n:] for k in out["snapshot"]], removed=False))
-            self._keys += len(out["snapshot"])
-        for removed, keys in out["events"]:
-            self._pending.append(TierEvent([k[n:] for k in keys], removed=removed))
+        if page.snapshot is not None:
+            self._pending.append(TierEvent(_engine_keys(page.snapshot, n), removed=False))
+            self._keys += len(page.snapshot)
+        for removed, keys in page.events:
+            self._pending.append(TierEvent(_engine_keys(keys, n), removed=removed))
             self._keys += len(keys)
-        self._since = out["next"]
+        self._since = page.next
         while self._keys > self.MAX_KEYS and self._pending:  # nobody takes them
             self._keys -= len(self._pending.pop(0).keys)
             self._since = None
@@ -141,3 +149,8 @@ class HoldingsFeed:
     def take(self) -> list[TierEvent]:
         out, self._pending, self._keys = self._pending, [], 0
         return out
+
+
+def _engine_keys(scoped: list[bytes], strip: int) -> list[OffloadKey]:
+    """The engine's own keys in ``scoped`` (their first ``strip`` bytes, the identity tag, cut)."""
+    return cast("list[OffloadKey]", [k[strip:] for k in scoped])  # no call per key

@@ -90,8 +90,9 @@ def describe_region(view: memoryview) -> RegionHandle:
     Raises ``ValueError`` when the view is not backed by a file (plain process
     memory cannot be mapped by another process).
     """
-    if view.ndim != 2:
-        raise ValueError(f"primary view must be 2-D, got shape {view.shape}")
+    shape, strides = view.shape, view.strides
+    if shape is None or strides is None or len(shape) != 2:
+        raise ValueError(f"primary view must be 2-D, got shape {shape}")
     addr = np.asarray(view).ctypes.data
     with open("/proc/self/maps") as f:
         for line in f:
@@ -105,7 +106,7 @@ def describe_region(view: memoryview) -> RegionHandle:
             offset = int(parts[2], 16) + (addr - lo)
             if path.endswith(" (deleted)"):
                 path = _fd_path_of_deleted(path[: -len(" (deleted)")])
-            return RegionHandle(path, offset, view.shape[0], view.strides[0])
+            return RegionHandle(path, offset, shape[0], strides[0])
     raise ValueError(
         "the primary view is not backed by a shared-memory file; create it with "
         "raykv.engine.primary.PrimaryRegion (vLLM's SharedOffloadRegion also works)"

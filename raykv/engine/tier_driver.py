@@ -78,15 +78,15 @@ class TierDriver:
 
     def _job(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], promotion: bool) -> TransferJob:
         """A job for ``keys`` -> primary slots ``chunk_ids`` (ints in range; never coerced)."""
-        keys = validate_keys(keys)
+        valid = validate_keys(keys)
         chunks = int_sequence_arg("chunk_ids", chunk_ids, minimum=0)
-        if len(keys) != len(chunks):
-            raise ArgumentError("chunk_ids", f"{len(keys)} keys but {len(chunks)} chunk ids")
+        if len(valid) != len(chunks):
+            raise ArgumentError("chunk_ids", f"{len(valid)} keys but {len(chunks)} chunk ids")
         num_chunks = getattr(self.tier, "num_chunks", None)
         for i, c in enumerate(chunks):
             if num_chunks is not None and c >= num_chunks:
                 raise ArgumentError(f"chunk_ids[{i}]", f"must be < {num_chunks} (the primary's chunks), got {c}")
-        return TransferJob(next(_job_ids), keys, np.asarray(chunks, dtype=np.int64), promotion, self.req)
+        return TransferJob(next(_job_ids), valid, np.asarray(chunks, dtype=np.int64), promotion, self.req)
 
     def store(self, keys: Sequence[OffloadKey], chunk_ids: Sequence[int], timeout: float = 60.0) -> JobResult:
         """Store ``keys`` from primary slots ``chunk_ids``; wait for the result."""
@@ -114,7 +114,7 @@ class TierDriver:
         """Resolve each key, stepping the tier until no answer is RETRY (as
         one request, which waits out ``timeout`` rather than the namespace's
         ``lookup_retry_budget_ms``)."""
-        keys = validate_keys(keys)
+        valid = validate_keys(keys)
         deadline = time.monotonic() + timeout_arg("timeout", timeout, allow_none=False)
         # This call's request: the driver's context (tenant, salt, params), counted afresh.
         req = dataclasses.replace(
@@ -124,7 +124,7 @@ class TierDriver:
             while True:
                 t0 = _now()
                 try:
-                    results = [self.tier.lookup(k, req) for k in keys]
+                    results = [self.tier.lookup(k, req) for k in valid]
                 finally:
                     self.cost.ns += _now() - t0
                 if LookupResult.RETRY not in results or time.monotonic() > deadline:

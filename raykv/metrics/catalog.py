@@ -14,7 +14,9 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+
+import ray
+from ray.util.metrics import Counter, Gauge, Histogram
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +208,9 @@ _SPECS = (
 SPECS: dict[str, MetricSpec] = {s.name: s for s in _SPECS}
 
 _lock = threading.Lock()
-_created: dict[str, Any] = {}
+#: A Ray metric object, by kind.
+RayMetric = Counter | Gauge | Histogram
+_created: dict[str, RayMetric] = {}
 
 
 def exported_names() -> set[str]:
@@ -214,7 +218,7 @@ def exported_names() -> set[str]:
     return {n for spec in SPECS.values() for n in spec.exported_names()}
 
 
-def metric(name: str) -> Any | None:
+def metric(name: str) -> RayMetric | None:
     """The process's Ray metric object for ``name`` (None when Ray metrics are unavailable)."""
     spec = SPECS[name]  # KeyError: declare every metric in SPECS
     m = _created.get(name)
@@ -224,17 +228,14 @@ def metric(name: str) -> Any | None:
         m = _created.get(name)
         if m is None:
             try:
-                import ray
-                from ray.util import metrics
-
                 if not ray.is_initialized():
                     return None  # do not cache: Ray may connect later
                 if spec.kind == COUNTER:
-                    m = metrics.Counter(name, description=spec.description, tag_keys=spec.tag_keys)
+                    m = Counter(name, description=spec.description, tag_keys=spec.tag_keys)
                 elif spec.kind == GAUGE:
-                    m = metrics.Gauge(name, description=spec.description, tag_keys=spec.tag_keys)
+                    m = Gauge(name, description=spec.description, tag_keys=spec.tag_keys)
                 else:
-                    m = metrics.Histogram(
+                    m = Histogram(
                         name, description=spec.description, boundaries=list(spec.boundaries), tag_keys=spec.tag_keys
                     )
             except Exception as e:  # metrics are best effort
@@ -250,12 +251,23 @@ def record(name: str, value: float, tags: Mapping[str, str]) -> None:
     if m is None:
         return
     try:
-        kind = SPECS[name].kind
-        if kind == COUNTER:
+        if isinstance(m, Counter):
             m.inc(value, tags=dict(tags))
-        elif kind == GAUGE:
+        elif isinstance(m, Gauge):
             m.set(value, tags=dict(tags))
         else:
             m.observe(value, tags=dict(tags))
     except Exception as e:
         logger.debug("metric %s not recorded: %r", name, e)
+
+
+def counter(name: str) -> Counter | None:
+    """``metric(name)`` when it is a counter (None: unavailable)."""
+    m = metric(name)
+    return m if isinstance(m, Counter) else None
+
+
+def histogram(name: str) -> Histogram | None:
+    """``metric(name)`` when it is a histogram (None: unavailable)."""
+    m = metric(name)
+    return m if isinstance(m, Histogram) else None

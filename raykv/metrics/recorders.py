@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypedDict
 
 from raykv.core.contract import JobResult, LookupResult, TransferJob
 from raykv.core.jobs import FailureLog, failure_reason
@@ -131,7 +131,7 @@ class ActorMetrics:
         self.counter_names = dict(counter_names)
         self._last: dict[str, int] = {}
         self._occupancy: tuple[int, int, int] | None = None
-        self._refresher: Any = None
+        self._refresher: asyncio.Task[None] | None = None
 
     def record(self, blocks: int, nbytes: int, capacity: int, counters: Mapping[str, int]) -> None:
         """Set the occupancy gauges and add the counters' growth since the last call."""
@@ -153,8 +153,6 @@ class ActorMetrics:
             record("raykv_tier_capacity_bytes", capacity, self.tags)
 
     def _start_refresher(self) -> None:
-        import asyncio
-
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -168,13 +166,21 @@ class ActorMetrics:
         self._refresher = loop.create_task(refresh())
 
 
-async def publish_shard_metrics(shard: int, figures: Callable[[], Mapping[str, Any]], period_s: float = 1.0) -> None:
-    """Forever: directory shard ``shard``'s keys, holders, lookups and invalidations.
+class ShardFigures(TypedDict):
+    """What a directory shard's metrics publish (``publish_shard_metrics``)."""
 
-    ``figures()`` returns the shard's ``num_keys``, ``num_holders``,
-    ``looked_up`` (keys, ever) and ``invalidated`` (entries dropped, ever, by
-    reason). Runs as a task on the shard actor's event loop; each round only
-    records locally.
+    num_keys: int
+    num_holders: int
+    #: Keys looked up, ever.
+    looked_up: int
+    #: Entries dropped, ever, by reason.
+    invalidated: dict[str, int]
+
+
+async def publish_shard_metrics(shard: int, figures: Callable[[], ShardFigures], period_s: float = 1.0) -> None:
+    """Forever: directory shard ``shard``'s keys, holders, lookups and invalidations
+    (``figures()``). Runs as a task on the shard actor's event loop; each round
+    only records locally.
     """
     tags = {"shard": str(shard)}
     seen_lookups = 0

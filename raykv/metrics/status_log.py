@@ -16,6 +16,7 @@ from collections.abc import Callable
 import ray
 
 from raykv.core import naming
+from raykv.core.handles import ConfigSource
 
 logger = logging.getLogger("raykv.ops.status")
 
@@ -26,9 +27,12 @@ _handler: logging.Handler | None = None
 async def _interval_from_control(namespace: str) -> float:
     """The namespace's ``status_log_s`` (the default when the control actor cannot say)."""
     try:
-        control = await asyncio.to_thread(ray.get_actor, naming.CONTROL_ACTOR, namespace=namespace)
+        control: ConfigSource = await asyncio.to_thread(ray.get_actor, naming.CONTROL_ACTOR, namespace=namespace)
         config = await asyncio.wait_for(control.config.remote(), 30)
-        return float(config.get("status_log_s", DEFAULT_INTERVAL_S))
+        interval = getattr(config, "status_log_s", None)  # a RaykvConfig (a room metrics does not import)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+            raise TypeError(f"the control actor's config() is a {type(config).__name__} without status_log_s")
+        return float(interval)
     except Exception as e:
         logger.warning("status log interval unknown (%r); using %.0f s", e, DEFAULT_INTERVAL_S)
         return DEFAULT_INTERVAL_S

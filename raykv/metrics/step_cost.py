@@ -32,10 +32,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
+from raykv.core.contract import ReqContext
 from raykv.core.node import process_node_id
-from raykv.metrics.catalog import RETRY_BOUNDARIES, STEP_BOUNDARIES, metric
+from raykv.metrics.catalog import RETRY_BOUNDARIES, STEP_BOUNDARIES, counter, histogram
 
 __all__ = ["COUNTS", "RETRY_BOUNDARIES", "STEP_BOUNDARIES", "StepCost"]
 
@@ -90,11 +90,12 @@ class StepCost:
         self._next_export = 0  # monotonic ns
         #: The integration's members (vLLM: the engine's raykv tiers, in the
         #: order vLLM calls them); ``closer`` ends each step.
-        self.members: list[Any] = []
+        self.members: list[object] = []
 
     # -- the step -----------------------------------------------------------
     @property
-    def closer(self) -> Any:
+    def closer(self) -> object | None:
+        """The member whose ``on_schedule_end`` ends each step (the last)."""
         return self.members[-1] if self.members else None
 
     def step_end(self) -> None:
@@ -120,7 +121,7 @@ class StepCost:
             self.export()
         self.ns += time.perf_counter_ns() - t0  # this bookkeeping is raykv's too: next step's
 
-    def request_finished(self, req_context: Any) -> None:
+    def request_finished(self, req_context: ReqContext | None) -> None:
         """Count one finished request's RETRY answers (once per request, whichever tier reports)."""
         if req_context is None or getattr(req_context, "cost_reported", True):
             return
@@ -151,7 +152,7 @@ class StepCost:
                 node = "local"
         return str(node)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, float]:
         """Totals so far and quantiles of the last ``RECENT`` steps (tools, tests)."""
         recent = sorted(self._recent)
 
@@ -206,11 +207,11 @@ class StepCost:
             return
         tags = {"node": self.node()}
         try:
-            hist = metric("raykv_engine_step_seconds") if steps else None
+            hist = histogram("raykv_engine_step_seconds") if steps else None
             if hist is not None:
                 for ns in steps:
                     hist.observe(ns / 1e9, tags=tags)
-            hist = metric("raykv_request_retries") if retries else None
+            hist = histogram("raykv_request_retries") if retries else None
             if hist is not None:
                 for n in retries:
                     hist.observe(n, tags=tags)
@@ -222,7 +223,7 @@ class StepCost:
                 ("raykv_engine_lookup_wait_seconds", d[4] / 1e9),
             ):
                 if value:
-                    m = metric(name)
+                    m = counter(name)
                     if m is not None:
                         m.inc(value, tags=tags)
         except Exception as e:  # noqa: BLE001 - metrics are best effort

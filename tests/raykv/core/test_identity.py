@@ -40,3 +40,13 @@ def test_from_dict_validates():
         KVIdentity.from_dict({"model": "m", "revision": 3})
     with pytest.raises(ConfigError, match=r"identity: must be a mapping"):
         KVIdentity.from_dict(["m"])
+
+
+def test_layout_ints_are_read_checked():
+    ident = KVIdentity(model="m", layout={"tokens_per_hash": 16, "dtype": "bf16"})
+    assert ident.layout_int("tokens_per_hash") == 16
+    assert ident.layout_int("blocks_per_chunk", 1) == 1
+    with pytest.raises(ValueError, match="layout\\['dtype'\\] must be an int"):
+        ident.layout_int("dtype")
+    with pytest.raises(ValueError, match="layout\\['tp'\\] must be an int, got None"):
+        ident.layout_int("tp")

@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +22,7 @@ from ray.cluster_utils import Cluster
 
 from raykv.core.node import process_node_id
 from raykv.integrations.vllm import plugin
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -42,18 +41,12 @@ print(json.dumps({"ray": ray.get_runtime_context().get_node_id(), "raykv": proce
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": 128 * MIB, "include_dashboard": False},
+def cluster(make_ray_cluster) -> Cluster:
+    c, _ = make_ray_cluster(
+        head={"num_cpus": 1, "object_store_memory": 128 * MIB},
+        workers=[{"num_cpus": 1, "object_store_memory": 128 * MIB, "resources": {"node_b": 1}}],
     )
-    c.add_node(num_cpus=1, object_store_memory=128 * MIB, resources={"node_b": 1})
-    ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    return c
 
 
 @ray.remote(num_cpus=0, resources={"node_b": 0.01})
@@ -102,10 +95,12 @@ def test_a_noted_node_that_is_not_alive_here_is_ignored(cluster, monkeypatch) ->
     cluster.wait_for_nodes()
     node_c = _node_of(cluster, "node_c")
     cluster.remove_node(gone)
-    deadline = time.monotonic() + 60
-    while any(n["NodeID"] == node_c and n["Alive"] for n in ray.nodes()):
-        assert time.monotonic() < deadline, "the removed node stayed alive"
-        time.sleep(0.2)
+    wait_until(
+        lambda: not any(n["NodeID"] == node_c and n["Alive"] for n in ray.nodes()),
+        timeout_s=60,
+        interval_s=0.2,
+        what="the removed node to be reported dead",
+    )
     monkeypatch.setenv(plugin.NODE_ENV, node_c)  # a node that left
     assert process_node_id() == connected
     monkeypatch.setenv(plugin.NODE_ENV, _node_of(cluster, "node_b"))  # an alive node on this host

@@ -11,6 +11,7 @@ from raykv.core.placement import (
     SHARED,
     HolderInfo,
     LoadPlanner,
+    LookupReply,
     choose,
     holder_codes,
     prefix_from_codes,
@@ -83,14 +84,14 @@ def test_planner_is_per_identity_and_follows_liveness() -> None:
     assert planner.source(b"A" * 8, [LOCAL]) is None
 
 
-def _reply(per_key: list[list[HolderInfo]]) -> tuple:
+def _reply(per_key: list[list[HolderInfo]]) -> LookupReply:
     """A shard's lookup reply for these answers (set id 0: nobody)."""
     holders = {h.holder_id: h for hs in per_key for h in hs}
     slots = {hid: i for i, hid in enumerate(holders)}
     sets: dict[tuple[int, ...], int] = {}
     ids = [sets.setdefault(tuple(sorted(slots[h.holder_id] for h in hs)), len(sets) + 1) if hs else 0 for hs in per_key]
-    table = {slots[hid]: h.to_dict() for hid, h in holders.items()}
-    return np.asarray(ids, dtype="<u4").tobytes(), {v: k for k, v in sets.items()}, table
+    table = {slots[hid]: h for hid, h in holders.items()}
+    return LookupReply(np.asarray(ids, dtype="<u4").tobytes(), {v: k for k, v in sets.items()}, table)
 
 
 def test_prefix_of_decoded_and_coded_answers_agree() -> None:

@@ -179,11 +179,11 @@ def test_burst_of_one_tenant_leaves_the_other_tenants_blocks(services, tmp_path_
     region = PrimaryRegion(48, BLOCK)
     try:
         tier = TierFactory.create_tier(cfg, region.view, services=services)
-        assert ray.get(tier.actor.stats.remote())["tenant_quotas"] == cfg["tenant_quotas"]
+        assert ray.get(tier.actor.stats.remote()).figures["tenant_quotas"] == cfg["tenant_quotas"]
         hits, loaded = _burst(tier, region, quota_blocks)
         assert hits == [LookupResult.HIT] * quota_blocks
         assert len(loaded) == quota_blocks  # every byte of b's blocks came back
-        stats = ray.get(tier.actor.stats.remote())
+        stats = ray.get(tier.actor.stats.remote()).figures
         assert set(stats["tenant_bytes"]) == {"tenant-a", "tenant-b"}
         assert stats["tenant_bytes"]["tenant-a"] <= quota_blocks * per_block
         status = collect_status(services, metrics=False)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import time
 
 import pytest
 
 from raykv.metrics.incidents import Removal, RemovalLog
+from tests.waiting import wait_until
 
 
 def _removals(n: int, tag: str = "k") -> list[Removal]:
@@ -27,9 +27,12 @@ def test_a_burst_names_every_file_once(caplog: pytest.LogCaptureFixture) -> None
         log.note("missing", _removals(1, "m"))  # its own reason: logged at once
         at_once = list(caplog.records)
         assert len(at_once) == 4 and all("removed corrupt block file" in r.getMessage() for r in at_once[:3])
-        deadline = time.monotonic() + 5
-        while len(caplog.records) == len(at_once) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the timer logs the summary
+        wait_until(
+            lambda: len(caplog.records) != len(at_once),
+            timeout_s=5,
+            interval_s=0.05,
+            what="the timer to log the summary",
+        )
         log.close()
     records = list(caplog.records)
     assert [_named(records, r) for r in first + second] == [1] * 9  # every file exactly once

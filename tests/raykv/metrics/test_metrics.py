@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import numpy as np
 import pytest
@@ -17,6 +17,7 @@ from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import recorders, scrape
+from tests.waiting import WaitTimeout, wait_until
 
 BLOCK = 64 * 1024
 NS = "raykv-metrics-test"
@@ -110,13 +111,20 @@ def _traffic(services, root: str) -> dict[str, dict[str, int]]:
 
 
 def _scrape_until(want, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while True:
+    """(series, missing): the cluster's series once ``want(series)`` finds nothing
+    missing, or, after ``timeout``, the last scrape and what it still misses."""
+    series: list = []
+    missing: list = []
+
+    def complete() -> bool:
+        nonlocal series, missing
         series = scrape.scrape_cluster()
         missing = want(series)
-        if not missing or time.monotonic() > deadline:
-            return series, missing
-        time.sleep(0.5)
+        return not missing
+
+    with contextlib.suppress(WaitTimeout):  # the callers assert on what is missing
+        wait_until(complete, timeout_s=timeout, interval_s=0.5, what="every wanted series in the scrape")
+    return series, missing
 
 
 def test_metrics_endpoint_shows_raykv_metrics_after_traffic(metrics_ray) -> None:

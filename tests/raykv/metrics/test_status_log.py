@@ -23,7 +23,7 @@ def _run(line, interval_s: float, seconds: float) -> list[str]:
 
     async def main() -> None:
         task = status_log.spawn(line, interval_s=interval_s)
-        await asyncio.sleep(seconds)
+        await asyncio.sleep(seconds)  # not a wait: the periodic logger runs for this long (under test)
         task.cancel()
 
     try:
