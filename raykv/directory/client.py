@@ -9,20 +9,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core.keys import bytes_and_length, checked_keys, shard_of
-from raykv.core.placement import HolderInfo, PrefixHit, holder_codes, prefix_from_codes
+from raykv.core.placement import PrefixHit, holder_codes, prefix_from_codes
 from raykv.core.validate import ArgumentError, timeout_arg
+from raykv.core.wire import HolderInfo, LookupReply
+from raykv.directory.answers import AnswerStore
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
+from raykv.directory.messages import ShardStats
 from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ def shard_ids(keys: Sequence[bytes] | PackedKeys, num_shards: int) -> np.ndarray
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
-    def __init__(self, keys: list[bytes], parts: list[tuple[np.ndarray, ray.ObjectRef]]) -> None:
+    def __init__(self, keys: list[bytes], parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]]) -> None:
         self.keys = keys
         self.parts = parts
         self.sent_at = time.monotonic()
@@ -58,21 +61,19 @@ class PendingLookup:
 
     async def result_async(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """``result`` awaited on an event loop (holder actors): never blocks it."""
-        import asyncio
-
         replies = await asyncio.wait_for(asyncio.gather(*(ref for _, ref in self.parts)), timeout)
         return self.decode(replies)
 
-    def refs(self) -> list[ray.ObjectRef]:
+    def refs(self) -> list[ray.ObjectRef[LookupReply]]:
         """The in-flight shard calls."""
         return [ref for _, ref in self.parts]
 
-    def _codes(self, replies: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    def _codes(self, replies: Sequence[LookupReply]) -> tuple[np.ndarray, np.ndarray]:
         if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
             return holder_codes([(None, replies[0])], len(self.keys))  # one shard had every key, in order
         return holder_codes([(pos, r) for (pos, _), r in zip(self.parts, replies)], len(self.keys))
 
-    def decode(self, replies: Sequence[Any]) -> list[list[HolderInfo]]:
+    def decode(self, replies: Sequence[LookupReply]) -> list[list[HolderInfo]]:
         """Per key its holders, from the shards' replies (in ``parts`` order)."""
         codes, by_code = self._codes(replies)
         return by_code[codes].tolist()
@@ -91,7 +92,7 @@ class DirectoryClient:
     holder-set ids: no per-key object is pickled either way.
     """
 
-    def __init__(self, shards: Sequence[Any]) -> None:
+    def __init__(self, shards: Sequence[ActorHandle]) -> None:
         if not shards:
             raise ValueError("a directory needs at least one shard")
         self.shards = list(shards)
@@ -122,22 +123,22 @@ class DirectoryClient:
         return out
 
     # -- holders ---------------------------------------------------------
-    def add_holder(self, info: HolderInfo, handle: Any) -> list[ray.ObjectRef]:
+    def add_holder(self, info: HolderInfo, handle: ActorHandle) -> list[ray.ObjectRef[None]]:
         """Announce a holder (and its actor, which every shard watches)."""
-        return [s.add_holder.remote(info.to_dict(), handle) for s in self.shards]
+        return [s.add_holder.remote(info, handle) for s in self.shards]
 
-    def remove_holder(self, holder_id: str, reason: str = "removed") -> list[ray.ObjectRef]:
+    def remove_holder(self, holder_id: str, reason: str = "removed") -> list[ray.ObjectRef[int]]:
         return [s.remove_holder.remote(holder_id, reason) for s in self.shards]
 
     # -- keys --------------------------------------------------------------
-    def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
+    def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         return [
             self.shards[i].register.remote(holder_id, blob)
             for i, (pos, blob) in enumerate(self._split(keys))
             if len(pos)
         ]
 
-    def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef]:
+    def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         return [
             self.shards[i].unregister.remote(holder_id, blob)
             for i, (pos, blob) in enumerate(self._split(keys))
@@ -149,7 +150,7 @@ class DirectoryClient:
 
     def _lookup_bytes(self, keys: list[bytes], length: int | None) -> PendingLookup:
         """``lookup_async`` of keys known to be a list of ``bytes`` (all ``length`` long when known)."""
-        parts = [
+        parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]] = [
             (pos, self.shards[i].lookup.remote(blob))
             for i, (pos, blob) in enumerate(self._split(keys, length))
             if len(pos)
@@ -175,10 +176,13 @@ class DirectoryClient:
 
     def holder_fingerprints(self, holder_id: str, timeout: float | None = 30.0) -> set[int]:
         """Fingerprints of every key the directory lists for ``holder_id`` (tools, tests)."""
-        parts = ray.get([s.holder_fingerprints.remote(holder_id) for s in self.shards], timeout=timeout)
+        parts: list[np.ndarray] = ray.get(
+            [s.holder_fingerprints.remote(holder_id) for s in self.shards], timeout=timeout
+        )
         return set(np.concatenate(parts).tolist()) if parts else set()
 
-    def stats(self, timeout: float | None = 30.0) -> list[dict[str, Any]]:
+    def stats(self, timeout: float | None = 30.0) -> list[ShardStats]:
+        """Each shard's ``ShardStats``, in shard order."""
         return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
 
 
@@ -200,25 +204,20 @@ class LookupCache:
     def __init__(
         self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0, max_entries: int = 131_072
     ) -> None:
-        if max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.client = client
-        self.ttl_s = ttl_s
         self.max_wait_s = max_wait_s
-        self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._answers: OrderedDict[bytes, tuple[float, list[HolderInfo]]] = OrderedDict()
+        #: Answers kept (every use holds ``_lock``).
+        self._answers = AnswerStore(ttl_s, max_entries)
+        self.max_entries = max_entries
         self._queued: dict[bytes, None] = {}
         self._in_flight: dict[bytes, PendingLookup] = {}
         self._pending: list[PendingLookup] = []
         self.lookups_sent = 0
-        self.evicted = 0  # answers dropped to stay within max_entries
         #: Smoothed round trip of the lookups this process waited for (seconds; None: none yet).
         self.rtt_s: float | None = None
         self._last_probe = 0.0
         self._timed: set[int] = set()  # ids of waited-for lookups that answered late
-        #: holders of our own stores that registered while the key's lookup was in flight
-        self._stored_in_flight: dict[bytes, list[HolderInfo]] = {}
         #: Lookup rounds: one per engine step that looked anything up (the first
         #: ``flush`` after a ``poll``). A request RETRY'd in two rounds in a row
         #: is still held back (``lookup_retry_budget_ms``).
@@ -228,6 +227,16 @@ class LookupCache:
     def __len__(self) -> int:
         """Answers kept now (at most ``max_entries``)."""
         return len(self._answers)
+
+    @property
+    def ttl_s(self) -> float:
+        """How long an answer is trusted."""
+        return self._answers.ttl_s
+
+    @property
+    def evicted(self) -> int:
+        """Answers dropped to stay within ``max_entries``."""
+        return self._answers.evicted
 
     def sizes(self) -> dict[str, int]:
         """Entries per structure: answers, queued keys, in-flight keys, pending lookups."""
@@ -240,16 +249,9 @@ class LookupCache:
             }
 
     def get(self, key: bytes) -> list[HolderInfo] | None:
+        """The holders of ``key`` when a fresh answer is known, else None."""
         with self._lock:
-            answer = self._answers.get(key)
-            if answer is None:
-                return None
-            at, holders = answer
-            if time.monotonic() - at > self.ttl_s:
-                del self._answers[key]
-                return None
-            self._answers.move_to_end(key)
-            return holders
+            return self._answers.get(key)
 
     def request(self, key: bytes) -> None:
         with self._lock:
@@ -325,27 +327,8 @@ class LookupCache:
             self._settle(p, answers)
 
     def _answer(self, keys: Sequence[bytes], answers: Sequence[list[HolderInfo]]) -> None:
-        now = time.monotonic()
         with self._lock:
-            cache = self._answers
-            stored: dict[bytes, list[HolderInfo]] = {}
-            if self._stored_in_flight:  # every key's entry leaves, also of keys not kept below
-                stored = {k: self._stored_in_flight.pop(k) for k in keys if k in self._stored_in_flight}
-            if len(keys) >= self.max_entries:  # only the last ones can stay
-                cache.clear()
-                self.evicted += len(keys) - self.max_entries
-                keys, answers = keys[-self.max_entries :], answers[-self.max_entries :]
-            for k, holders in zip(keys, answers):
-                cache[k] = (now, holders)
-                cache.move_to_end(k)
-            for k, ours in stored.items():  # our stores noted while the answer was on its way
-                if k in cache:
-                    at, holders = cache[k]
-                    cache[k] = (at, holders + [h for h in ours if h not in holders])
-            over = len(cache) - self.max_entries
-            self.evicted += max(0, over)
-            for _ in range(over):
-                cache.popitem(last=False)
+            self._answers.put(keys, answers)
 
     #: While round trips are slower than the wait, still wait once per this many
     #: seconds, to notice that the directory got fast again.
@@ -424,24 +407,14 @@ class LookupCache:
         """
         with self._lock:
             for k in keys:
-                cached = self._answers.get(k)
-                if cached is not None and holder not in cached[1]:
-                    self._answers[k] = (cached[0], [*cached[1], holder])
-                elif cached is None and k in self._in_flight:
+                if not self._answers.add_holder(k, holder) and k in self._in_flight:
                     # Its lookup was sent before this store registered: the answer on
-                    # its way may not name ``holder``; ``_answer`` adds it.
-                    self._stored_in_flight.setdefault(k, []).append(holder)
+                    # its way may not name ``holder``; the store adds it then.
+                    self._answers.hold_for_answer(k, holder)
 
     def invalidate(self, keys: Sequence[bytes], tier_type: str | None = None) -> None:
         """Forget cached answers for ``keys``: only their ``tier_type`` holders
         when given (the other tiers' holders stay known), else all of them."""
         with self._lock:
             for k in keys:
-                cached = self._answers.get(k)
-                if cached is None:
-                    continue
-                rest = [h for h in cached[1] if tier_type is not None and h.tier_type != tier_type]
-                if rest:
-                    self._answers[k] = (cached[0], rest)
-                else:
-                    self._answers.pop(k, None)
+                self._answers.invalidate(k, tier_type)

@@ -65,7 +65,7 @@ class PackedKeys:
         """Per distinct key length: (length, positions or None for all keys, ``(m, length)`` byte rows)."""
         if self.length is not None:
             return [(self.length, None, self.buf.reshape(len(self), self.length))]
-        out = []
+        out: list[tuple[int, np.ndarray | None, np.ndarray]] = []
         for length in np.unique(self.lengths).tolist():
             pos = np.flatnonzero(self.lengths == length)
             rows = self.buf[self.offsets[pos][:, None] + np.arange(length)]

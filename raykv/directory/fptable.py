@@ -30,7 +30,7 @@ def _any_per_row(eq: np.ndarray) -> np.ndarray:
     """``eq.any(axis=1)``; a C-contiguous ``(n, 8)`` bool array is read as one word per row."""
     if eq.shape[1] == 8 and eq.flags.c_contiguous:
         return eq.view(np.uint64).reshape(-1) != 0
-    return eq.any(axis=1)
+    return np.asarray(eq.any(axis=1))
 
 
 class FingerprintTable:

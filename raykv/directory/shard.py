@@ -15,20 +15,22 @@ with it are applied after it, in order.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core import naming
-from raykv.core.placement import HolderInfo, LookupReply
+from raykv.core.wire import HolderInfo, LookupReply
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import FingerprintTable
 from raykv.directory.holdersets import HolderSets
+from raykv.directory.messages import DroppedHolder, RebuildReport, ShardFigures, ShardStats
 from raykv.metrics import status_log
 from raykv.metrics.recorders import publish_shard_metrics
 
@@ -36,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait for the control actor or one holder while a shard rebuilds.
 REBUILD_TIMEOUT_S = 3.0
+
+#: Keys of a shard's calls: a fingerprint blob (``fingerprint.to_blob``), keys, or fingerprints.
+Keys = bytes | Sequence[bytes] | np.ndarray
 
 
 def distinct(fps: np.ndarray) -> np.ndarray:
@@ -71,7 +76,7 @@ class DirectoryShardImpl:
         self._next_slot = 0
         self.num_keys = 0  # entries with at least one holder
         self.calls: Counter[str] = Counter()
-        self.dropped: list[dict[str, Any]] = []
+        self.dropped: list[DroppedHolder] = []
         self.invalidated: Counter[str] = Counter()  # keys dropped, by reason (metrics)
         self.looked_up = 0  # keys looked up (metrics)
         self.found = 0  # keys looked up that some holder held (status line)
@@ -107,12 +112,12 @@ class DirectoryShardImpl:
             self.num_keys -= int(np.count_nonzero(new == 0))
         self._free_slots.append(slot)  # no entry names it any more
         self.invalidated[reason or "removed"] += n
-        self.dropped.append({"holder_id": holder_id, "keys": n, "reason": reason, "at": time.time()})
+        self.dropped.append(DroppedHolder(holder_id, n, reason, time.time()))
         del self.dropped[:-100]
         return n
 
     # -- keys ------------------------------------------------------------
-    def register(self, holder_id: str, keys: bytes | Sequence[bytes]) -> int:
+    def register(self, holder_id: str, keys: Keys) -> int:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0  # holder unknown or already dropped: ignore late registrations
@@ -128,7 +133,7 @@ class DirectoryShardImpl:
         self._count[slot] += len(pos)
         return len(pos)
 
-    def sync_holder(self, holder_id: str, keys: bytes | Sequence[bytes]) -> tuple[int, int]:
+    def sync_holder(self, holder_id: str, keys: Keys) -> tuple[int, int]:
         """Make ``holder_id``'s keys here exactly ``keys`` (a holder repairing
         drift): returns (keys added, keys removed)."""
         want = distinct(from_blob(keys))
@@ -141,7 +146,7 @@ class DirectoryShardImpl:
         slot = self._slot_of.get(holder_id)
         return None if slot is None else self._count.get(slot, 0)
 
-    def unregister(self, holder_id: str, keys: bytes | Sequence[bytes]) -> int:
+    def unregister(self, holder_id: str, keys: Keys) -> int:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0
@@ -156,7 +161,7 @@ class DirectoryShardImpl:
         self.invalidated["evicted"] += len(pos)
         return len(pos)
 
-    def lookup(self, keys: bytes | Sequence[bytes]) -> LookupReply:
+    def lookup(self, keys: Keys) -> LookupReply:
         """Per key a holder-set id (0: nobody) as a uint32 blob, each id's slots,
         and the slots' holders (``placement.decode_reply`` turns it into holders)."""
         fps = from_blob(keys)
@@ -165,8 +170,8 @@ class DirectoryShardImpl:
         ids = np.where(pos >= 0, self._table.values[pos], 0).astype("<u4")
         self.found += int(np.count_nonzero(ids))
         sets = {int(i): tuple(sorted(self._sets.slots(i))) for i in self._sets.present(ids) if i}
-        used = set().union(*sets.values()) if sets else set()
-        return ids.tobytes(), sets, {s: self._holders[s].to_dict() for s in used}
+        used: set[int] = set().union(*sets.values()) if sets else set()
+        return LookupReply(ids.tobytes(), sets, {s: self._holders[s] for s in used})
 
     def holder_fingerprints(self, holder_id: str) -> np.ndarray:
         """Fingerprints of every key ``holder_id`` holds here."""
@@ -176,24 +181,28 @@ class DirectoryShardImpl:
         table = self._table
         return table.flat_fps[np.isin(table.values, self._sets.containing(slot))].copy()
 
-    def figures(self) -> dict[str, Any]:
-        """What the shard's metrics publish: key, holder and lookup counts, invalidations by reason."""
-        return {
-            "num_keys": self.num_keys,
-            "num_holders": len(self._holders),
-            "looked_up": self.looked_up,
-            "invalidated": dict(self.invalidated),
-        }
+    @property
+    def num_holders(self) -> int:
+        return len(self._holders)
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            "shard": self.index,
-            "keys": self.num_keys,
-            "index_bytes": self.nbytes,
-            "holders": {info.holder_id: self._count[s] for s, info in self._holders.items()},
-            "calls": dict(self.calls),
-            "dropped": list(self.dropped[-20:]),
-        }
+    def figures(self) -> ShardFigures:
+        """What the shard's metrics publish: key, holder and lookup counts, invalidations by reason."""
+        return ShardFigures(
+            num_keys=self.num_keys,
+            num_holders=self.num_holders,
+            looked_up=self.looked_up,
+            invalidated=dict(self.invalidated),
+        )
+
+    def stats(self) -> ShardStats:
+        return ShardStats(
+            shard=self.index,
+            keys=self.num_keys,
+            index_bytes=self.nbytes,
+            holders={info.holder_id: self._count[s] for s, info in self._holders.items()},
+            calls=dict(self.calls),
+            dropped=list(self.dropped[-20:]),
+        )
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -202,10 +211,10 @@ class DirectoryShard:
 
     def __init__(self, index: int, num_shards: int, namespace: str | None = None) -> None:
         self._impl = DirectoryShardImpl(index, num_shards)
-        self._watches: dict[str, asyncio.Task] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}
         self.namespace = namespace
         self.started_at = time.time()
-        self.rebuild: dict[str, Any] = {}
+        self.rebuild = RebuildReport()
         # Async actors run __init__ on their event loop: the rebuild is a task
         # that every method waits for (``_ready``); it never raises.
         self._rebuilt = asyncio.get_running_loop().create_task(self._rebuild())
@@ -223,7 +232,7 @@ class DirectoryShard:
         """Live keys, holders and lookups, one line (logged every ``status_log_s``)."""
         s = self._impl
         return (
-            f"directory shard {s.index}/{s.num_shards}: {s.num_keys} keys, {len(s._holders)} holders; "
+            f"directory shard {s.index}/{s.num_shards}: {s.num_keys} keys, {s.num_holders} holders; "
             f"looked up {s.looked_up} keys, {s.found} found; registers {s.calls['register']}, "
             f"invalidated {sum(s.invalidated.values())}"
         )
@@ -235,54 +244,51 @@ class DirectoryShard:
     async def _rebuild(self) -> None:
         """Re-learn every live holder's keys of this shard (after a restart)."""
         t0 = time.monotonic()
-        out: dict[str, Any] = {"holders": 0, "keys": 0, "failed": [], "seconds": 0.0}
-        self.rebuild = out
         if self.namespace is None:
             return
         try:
             control = await asyncio.to_thread(ray.get_actor, naming.CONTROL_ACTOR, namespace=self.namespace)
-            holders = await asyncio.wait_for(control.holders.remote(), REBUILD_TIMEOUT_S)
+            holders: list[HolderInfo] = await asyncio.wait_for(control.holders.remote(), REBUILD_TIMEOUT_S)
         except Exception as e:  # no control actor (yet): nothing to rebuild from
-            out["error"] = repr(e)
+            self.rebuild = RebuildReport(error=repr(e))
             return
         index, num_shards = self._impl.index, self._impl.num_shards
 
-        async def ask(raw: dict[str, Any]) -> tuple[Any, Any]:
-            handle = await asyncio.to_thread(ray.get_actor, raw["actor_name"], namespace=raw["namespace"])
+        async def ask(holder: HolderInfo) -> tuple[ActorHandle, tuple[HolderInfo, list[bytes]]]:
+            handle = await asyncio.to_thread(ray.get_actor, holder.actor_name, namespace=holder.namespace)
             reply = await asyncio.wait_for(handle.raykv_resync.remote(index, num_shards), REBUILD_TIMEOUT_S)
             return handle, reply
 
         replies = await asyncio.gather(*(ask(h) for h in holders), return_exceptions=True)
-        for raw, reply in zip(holders, replies):
+        rebuilt, keys_added, failed = 0, 0, list[str]()
+        for announced, reply in zip(holders, replies):
             if isinstance(reply, BaseException):  # dead or unreachable: nothing to serve from it
-                out["failed"].append(f"{raw.get('holder_id')}: {type(reply).__name__}")
+                failed.append(f"{announced.holder_id}: {type(reply).__name__}")
                 continue
-            handle, (info, keys) = reply
-            holder = HolderInfo.from_dict(info)
+            handle, (holder, keys) = reply
             self._watch_holder(holder, handle)
-            out["holders"] += 1
-            out["keys"] += self._impl.register(holder.holder_id, keys)
-        out["seconds"] = time.monotonic() - t0
-        if out["holders"] or out["failed"]:
-            logger.info("directory shard %d rebuilt: %s", index, out)
+            rebuilt += 1
+            keys_added += self._impl.register(holder.holder_id, keys)
+        self.rebuild = RebuildReport(rebuilt, keys_added, tuple(failed), time.monotonic() - t0)
+        if rebuilt or failed:
+            logger.info("directory shard %d rebuilt: %s", index, self.rebuild)
 
-    def _watch_holder(self, holder: HolderInfo, handle: Any) -> None:
+    def _watch_holder(self, holder: HolderInfo, handle: ActorHandle) -> None:
         self._impl.add_holder(holder)
         old = self._watches.pop(holder.holder_id, None)
         if old is not None:
             old.cancel()
         self._watches[holder.holder_id] = asyncio.get_running_loop().create_task(self._watch(holder.holder_id, handle))
 
-    async def add_holder(self, info: dict[str, Any], handle: Any) -> None:
+    async def add_holder(self, info: HolderInfo, handle: ActorHandle) -> None:
         """A holder (re)announces itself as it starts: whatever an earlier life
         of it registered is dropped (its old watch may not have errored yet)."""
         await self._ready()
         self._impl.calls["add_holder"] += 1
-        holder = HolderInfo.from_dict(info)
-        self._impl.drop_holder(holder.holder_id, reason="re-added")
-        self._watch_holder(holder, handle)
+        self._impl.drop_holder(info.holder_id, reason="re-added")
+        self._watch_holder(info, handle)
 
-    async def _watch(self, holder_id: str, handle: Any) -> None:
+    async def _watch(self, holder_id: str, handle: ActorHandle) -> None:
         try:
             await handle.raykv_watch.remote()
         except asyncio.CancelledError:
@@ -300,12 +306,12 @@ class DirectoryShard:
             task.cancel()
         return self._impl.drop_holder(holder_id, reason)
 
-    async def register(self, holder_id: str, keys: bytes | list[bytes]) -> int:
+    async def register(self, holder_id: str, keys: Keys) -> int:
         await self._ready()
         self._impl.calls["register"] += 1
         return self._impl.register(holder_id, keys)
 
-    async def unregister(self, holder_id: str, keys: bytes | list[bytes]) -> int:
+    async def unregister(self, holder_id: str, keys: Keys) -> int:
         await self._ready()
         self._impl.calls["unregister"] += 1
         return self._impl.unregister(holder_id, keys)
@@ -315,13 +321,12 @@ class DirectoryShard:
         await self._ready()
         return self._impl.holder_count(holder_id)
 
-    async def sync_holder(self, info: dict[str, Any], handle: Any, keys: bytes | list[bytes]) -> tuple[int, int]:
+    async def sync_holder(self, holder: HolderInfo, handle: ActorHandle, keys: Keys) -> tuple[int, int]:
         """A live holder's full listing for this shard: (re)watch it and make its
         keys here exactly ``keys``. Repairs drift (a watch that failed although
         the holder lives, a rebuild that could not reach it, a lost call)."""
         await self._ready()
         self._impl.calls["sync_holder"] += 1
-        holder = HolderInfo.from_dict(info)
         if self._impl.holder_count(holder.holder_id) is None or holder.holder_id not in self._watches:
             self._watch_holder(holder, handle)
         added, removed = self._impl.sync_holder(holder.holder_id, keys)
@@ -335,7 +340,7 @@ class DirectoryShard:
             )
         return added, removed
 
-    async def lookup(self, keys: bytes | list[bytes]) -> LookupReply:
+    async def lookup(self, keys: Keys) -> LookupReply:
         await self._ready()
         self._impl.calls["lookup"] += 1
         return self._impl.lookup(keys)
@@ -345,9 +350,9 @@ class DirectoryShard:
         await self._ready()
         return self._impl.holder_fingerprints(holder_id)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ShardStats:
         await self._ready()
-        return {**self._impl.stats(), "started_at": self.started_at, "rebuild": dict(self.rebuild)}
+        return dataclasses.replace(self._impl.stats(), started_at=self.started_at, rebuild=self.rebuild)
 
     async def ping(self) -> bool:
         await self._ready()

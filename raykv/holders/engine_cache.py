@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import ray
 
-from raykv.core.placement import ENGINE, HolderInfo
+from raykv.core.wire import ENGINE, HolderInfo, Report
 from raykv.holders.holder_actor import HolderActor
 
 TIER_TYPE = "engine"
@@ -54,16 +53,17 @@ def holder_info(namespace: str, node_id: str, owner: str | None, pid: int | None
     return HolderInfo(f"{TIER_TYPE}:{node_id}:{pid}", TIER_TYPE, ENGINE, name, namespace, node_id, owner)
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
 class EngineCacheActor(HolderActor):
     """The blocks one engine holds in its own KV cache, as its KV events say."""
 
-    def __init__(self, info: dict[str, Any], namespace: str) -> None:
+    def __init__(self, info: HolderInfo, namespace: str) -> None:
         super().__init__(
-            HolderInfo.from_dict(info),
+            info,
             namespace,
             {"stored": "raykv_tier_stored_blocks", "removed": "raykv_tier_evicted_blocks"},
         )
+        self.requested_capacity = 0  # no capacity of its own: the engine's cache
         self._keys: set[bytes] = set()
         self._last_event = 0.0
         self._batches = 0
@@ -85,15 +85,16 @@ class EngineCacheActor(HolderActor):
         keys = self.__dict__.get("_keys", ())
         return f"engine cache {self.info.holder_id}: {len(keys)} blocks, {self._batches} event batches"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Report:
         return {"node_id": self.info.node_id, "owner": self.info.owner}
 
-    def tier_stats(self) -> dict[str, Any]:
+    def tier_stats(self) -> Report:
+        loaded: Report = {tier: n for tier, n in self.loaded_by_tier.items()}
         return {
             "blocks": len(self._keys),
             "event_batches": self._batches,
             "last_event_at": self._last_event,
-            "loaded_by_tier": dict(self.loaded_by_tier),
+            "loaded_by_tier": loaded,
             **self.counters,
         }
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 from raykv.core.identity import TAG_BYTES
+from raykv.core.wire import HoldingsPage
 
 #: Keys kept in the ring before the oldest entries go.
 DEFAULT_MAX_KEYS = 1 << 20
@@ -69,7 +69,7 @@ class HoldingsLog:
         while self._keys > self.max_keys and len(self._entries) > 1:
             self._keys -= len(self._entries.popleft()[2])
 
-    def read(self, since: int | None, tag: bytes, holdings: Callable[[], Sequence[bytes]]) -> dict[str, Any]:
+    def read(self, since: int | None, tag: bytes, holdings: Callable[[], Sequence[bytes]]) -> HoldingsPage:
         """Entries from ``since`` on whose keys start with ``tag`` (keys unchanged,
         still scoped). ``since=None``, or a ``since`` the ring no longer holds:
         a ``snapshot`` of every held key of ``tag`` instead."""
@@ -77,12 +77,12 @@ class HoldingsLog:
         first = self._entries[0][0] if self._entries else self.next_seq
         if since is None or since < first or since > self.next_seq:
             keys = [k for k in holdings() if k[:TAG_BYTES] == tag]
-            return {"next": self.next_seq, "snapshot": keys, "events": []}
-        events = []
+            return HoldingsPage(next=self.next_seq, snapshot=keys, events=[])
+        events: list[tuple[bool, list[bytes]]] = []
         for seq, removed, keys in self._entries:
             if seq < since:
                 continue
             mine = [k for k in keys if k[:TAG_BYTES] == tag]
             if mine:
                 events.append((removed, mine))
-        return {"next": self.next_seq, "snapshot": None, "events": events}
+        return HoldingsPage(next=self.next_seq, snapshot=None, events=events)

@@ -28,19 +28,21 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import ParamSpec, TypeVar, cast
 
 import numpy as np
 import ray
+from ray.actor import ActorClass, ActorHandle
 
 from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
-from raykv.core.placement import HolderInfo
-from raykv.directory.client import DirectoryClient
+from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
+from raykv.directory.client import DirectoryClient, shard_ids
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.holders.events import HoldingsLog
+from raykv.holders.messages import HolderStats
 from raykv.metrics import status_log
 from raykv.metrics.recorders import ActorMetrics
 
@@ -48,9 +50,10 @@ logger = logging.getLogger(__name__)
 
 
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
 
 
-def runs_to_end(method: Callable[..., Coroutine[Any, Any, _R]]) -> Callable[..., Coroutine[Any, Any, _R]]:
+def runs_to_end(method: Callable[_P, Awaitable[_R]]) -> Callable[_P, Awaitable[_R]]:
     """An actor method that runs to its end even when its caller dies mid-call.
 
     Ray cancels a dead caller's tasks; a method that updates the actor's index
@@ -58,13 +61,13 @@ def runs_to_end(method: Callable[..., Coroutine[Any, Any, _R]]) -> Callable[...,
     two would disagree."""
 
     @functools.wraps(method)
-    async def shielded(self: Any, *args: Any, **kwargs: Any) -> _R:
-        return await asyncio.shield(method(self, *args, **kwargs))
+    async def shielded(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        return await asyncio.shield(method(*args, **kwargs))
 
     return shielded
 
 
-async def settle(refs: Iterable[Any], what: str = "directory call") -> int:
+async def settle(refs: Iterable[Awaitable[object]], what: str = "directory call") -> int:
     """Await actor calls (a holder's directory updates); log failures, count them.
 
     A directory shard that dies mid-call restarts and rebuilds its entries
@@ -89,7 +92,7 @@ class WatchableActor:
         """Never returns; the caller learns of this actor's death when it errors."""
         await asyncio.Event().wait()
 
-    async def raykv_ping(self) -> Any:
+    async def raykv_ping(self) -> bool:
         return True
 
     def raykv_holdings(self) -> tuple[HolderInfo, list[bytes]]:
@@ -101,12 +104,12 @@ class WatchableActor:
         """
         raise NotImplementedError
 
-    async def raykv_resync(self, shard: int, num_shards: int) -> tuple[dict[str, Any], list[bytes]]:
+    async def raykv_resync(self, shard: int, num_shards: int) -> tuple[HolderInfo, list[bytes]]:
         """For a (re)started directory shard: our holder info and our keys of that shard."""
         info, keys = self.raykv_holdings()
-        return info.to_dict(), _keys_of_shard(keys, shard, num_shards)
+        return info, _keys_of_shard(keys, shard, num_shards)
 
-    def start_reconciling(self, directory: Any, period_s: float) -> "asyncio.Task | None":
+    def start_reconciling(self, directory: DirectoryClient, period_s: float) -> asyncio.Task[None] | None:
         """Repair drift between this holder and the directory every ``period_s``.
 
         The directory learns a holder's keys from its register / unregister
@@ -121,7 +124,7 @@ class WatchableActor:
             return None
         return asyncio.get_running_loop().create_task(self._reconcile(directory, period_s))
 
-    async def _reconcile(self, directory: Any, period_s: float) -> None:
+    async def _reconcile(self, directory: DirectoryClient, period_s: float) -> None:
         me = ray.get_runtime_context().current_actor
         suspect: set[int] = set()
         while True:
@@ -131,7 +134,7 @@ class WatchableActor:
             except Exception as e:  # best effort: try again next period
                 logger.debug("directory reconcile failed: %r", e)
 
-    async def _reconcile_once(self, directory: Any, me: Any, suspect: set[int]) -> int:
+    async def _reconcile_once(self, directory: DirectoryClient, me: ActorHandle, suspect: set[int]) -> int:
         """One round; returns how many shards were sent a full listing."""
         n = directory.num_shards
         info, keys = self.raykv_holdings()
@@ -153,7 +156,7 @@ class WatchableActor:
             # unregister calls of ours reach the shard after this listing.
             info, keys = self.raykv_holdings()
             part = _keys_of_shard(keys, i, n)
-            ref = directory.shards[i].sync_holder.remote(info.to_dict(), me, to_blob(fingerprints(part)))
+            ref = directory.shards[i].sync_holder.remote(info, me, to_blob(fingerprints(part)))
             suspect.discard(i)
             await ref
             repaired += 1
@@ -169,14 +172,18 @@ class HolderActor(WatchableActor):
     #: restarted actor then first unregisters what its previous life held.
     BLOCKS_DIE_WITH_ACTOR = True
 
+    #: The capacity its starter asked for (bytes; 0: unlimited): each subclass sets it in ``__init__``.
+    requested_capacity: int
+    #: Set by the start-up task, which every method awaits first.
+    _directory: DirectoryClient
+    _control: ActorHandle
+
     def __init__(self, info: HolderInfo, namespace: str, counter_names: Mapping[str, str]) -> None:
         self.info = info
         self.namespace = namespace
         self.counters: Counter[str] = Counter()
         self.log = HoldingsLog()
         self.started_at = time.time()
-        self._directory: DirectoryClient | None = None
-        self._control: Any = None
         self._metrics = ActorMetrics(info.tier_type, info.node_id, info.holder_id, counter_names)
         # Async actors run __init__ on their event loop: the start-up is a task
         # that every method waits for.
@@ -196,8 +203,8 @@ class HolderActor(WatchableActor):
         """Live occupancy and traffic, one line (logged every ``status_log_s``)."""
         raise NotImplementedError
 
-    def describe(self) -> dict[str, Any]:
-        """What ``ready`` reports besides the holder (capacity, where)."""
+    def describe(self) -> Report:
+        """What ``ready`` reports besides the holder and its capacity (where, how)."""
         return {}
 
     async def recover(self) -> None:
@@ -206,26 +213,26 @@ class HolderActor(WatchableActor):
     # -- start-up ----------------------------------------------------------
     async def _start(self) -> None:
         control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
-        config = await control.config.remote()
+        config = await control.config.remote()  # the namespace's RaykvConfig
         shards = [
-            ray.get_actor(naming.directory_shard(i), namespace=self.namespace)
-            for i in range(config["directory_shards"])
+            ray.get_actor(naming.directory_shard(i), namespace=self.namespace) for i in range(config.directory_shards)
         ]
         self._directory = DirectoryClient(shards)
         self._control = control
-        self._reconciler = self.start_reconciling(self._directory, float(config.get("holder_reconcile_s", 5.0)))
+        self._reconciler = self.start_reconciling(self._directory, float(config.holder_reconcile_s))
         me = ray.get_runtime_context().current_actor
         if self.BLOCKS_DIE_WITH_ACTOR:
             await settle(self._directory.remove_holder(self.info.holder_id, "restarted"))
-        await settle([*self._directory.add_holder(self.info, me), control.add_holder.remote(self.info.to_dict(), me)])
+        await settle([*self._directory.add_holder(self.info, me), control.add_holder.remote(self.info, me)])
         await self.recover()
         self._publish()
 
-    async def _reconcile_once(self, directory: Any, me: Any, suspect: set[int]) -> int:
+    async def _reconcile_once(self, directory: DirectoryClient, me: ActorHandle, suspect: set[int]) -> int:
         """Also announce ourselves again to a control actor that forgot us
         (it restarted with an empty holder list)."""
-        if self.info.holder_id not in {h["holder_id"] for h in await self._control.holders.remote()}:
-            await self._control.add_holder.remote(self.info.to_dict(), me)
+        known: list[HolderInfo] = await self._control.holders.remote()
+        if self.info.holder_id not in {h.holder_id for h in known}:
+            await self._control.add_holder.remote(self.info, me)
         return await super()._reconcile_once(directory, me, suspect)
 
     # -- helpers for tiers -------------------------------------------------
@@ -243,35 +250,40 @@ class HolderActor(WatchableActor):
         """Tell the directory we no longer hold ``keys`` (sent now, like ``_register``)."""
         return self._settled(self._directory.unregister(self.info.holder_id, keys) if keys else [])
 
-    async def _settled(self, refs: list[Any]) -> None:
+    async def _settled(self, refs: list[ray.ObjectRef[int]]) -> None:
         self.counters["directory_errors"] += await settle(refs)
 
     # -- API -----------------------------------------------------------------
-    async def ready(self) -> dict[str, Any]:
-        """Once started: the holder (``HolderInfo.to_dict``) and ``describe()``."""
+    async def ready(self) -> HolderReady:
+        """Once started: the holder, its capacity (and the one asked for) and ``describe()``."""
         await self._started
-        return {"holder": self.info.to_dict(), **self.describe()}
+        return HolderReady(
+            holder=self.info,
+            capacity_bytes=self.occupancy()[2],
+            requested_capacity_bytes=self.requested_capacity,
+            details=self.describe(),
+        )
 
-    def tier_stats(self) -> dict[str, Any]:
+    def tier_stats(self) -> Report:
         """The tier's own figures for ``stats`` (override)."""
         return {}
 
-    async def stats(self) -> dict[str, Any]:
-        """Occupancy, blocks per KV identity and the tier's figures (``raykv status``, tools)."""
+    async def stats(self) -> HolderStats:
+        """Blocks per KV identity and the tier's figures (``raykv status``, tools)."""
         await self._started
-        return {
-            "holder_id": self.info.holder_id,
-            "blocks_by_identity": blocks_by_identity(self.held_keys()),
-            "started_at": self.started_at,
-            **self.tier_stats(),
-        }
+        return HolderStats(
+            holder_id=self.info.holder_id,
+            started_at=self.started_at,
+            blocks_by_identity=blocks_by_identity(self.held_keys()),
+            figures=self.tier_stats(),
+        )
 
     async def keys(self) -> list[bytes]:
         """Held keys (tools and tests)."""
         await self._started
         return self.held_keys()
 
-    async def events_since(self, since: int | None, tag: bytes) -> dict[str, Any]:
+    async def events_since(self, since: int | None, tag: bytes) -> HoldingsPage:
         """Blocks of identity ``tag`` stored / removed since ``since`` (``raykv.holders.events``)."""
         await self._started
         return self.log.read(since, tag, self.held_keys)
@@ -287,22 +299,24 @@ def _keys_of_shard(keys: list[bytes], shard: int, num_shards: int) -> list[bytes
 
 def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:
     """How many of ``keys`` each directory shard owns."""
-    from raykv.directory.client import shard_ids
-
     ids = shard_ids(keys, num_shards) if keys else None
     if ids is None:
-        ids = [shard_of(k, num_shards) for k in keys]
-    return np.bincount(np.asarray(ids, dtype=np.int64), minlength=num_shards).tolist()
+        ids = np.fromiter((shard_of(k, num_shards) for k in keys), dtype=np.int64, count=len(keys))
+    return np.bincount(ids.astype(np.int64, copy=False), minlength=num_shards).tolist()
 
 
-def start_on_node(actor_cls: Any, name: str, node_id: str, namespace: str, *args: Any) -> Any:
-    """Start (or find) the detached holder actor ``name`` pinned to ``node_id``; returns its handle."""
+def start_on_node(actor_cls: type, name: str, node_id: str, namespace: str, *args: object) -> ActorHandle:
+    """Start (or find) the detached holder actor ``name`` (a ``@ray.remote`` class)
+    pinned to ``node_id``; returns its handle."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    return actor_cls.options(
+    remote_cls = cast("ActorClass[object]", actor_cls)  # what @ray.remote made it (mypy ignores class decorators)
+    handle = remote_cls.options(
         name=name,
         namespace=namespace,
         lifetime="detached",
         get_if_exists=True,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote(*args)
+    assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class itself
+    return handle

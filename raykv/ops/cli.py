@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from raykv.config.file import load_config_file
 from raykv.core.errors import RaykvError, root_cause
@@ -17,8 +16,8 @@ from raykv.core.validate import ConfigError
 DEBUG_ENV = "RAYKV_DEBUG"
 
 
-def _load_config(path: str | None, namespace: str | None) -> dict[str, Any]:
-    raw: dict[str, Any] = load_config_file(path) if path is not None else {}
+def _load_config(path: str | None, namespace: str | None) -> dict[str, object]:
+    raw: dict[str, object] = load_config_file(path) if path is not None else {}
     if namespace is not None:
         raw["namespace"] = namespace
     return raw
@@ -63,16 +62,16 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
     services = raykv.attach(args.namespace or "raykv", address=args.address)
     out = services.invalidate(args.model, args.revision)
     if args.json:
-        print(json.dumps(out, indent=2, default=str))
+        print(json.dumps(out.report(), indent=2, default=str))
         return 0
     what = f"{args.model}" + (f"@{args.revision}" if args.revision else " (every revision)")
-    if not out["identities"]:
+    if not out.identities:
         print(f"raykv: no KV identity of {what} is known; nothing dropped")
         return 0
-    print(f"{what}: {len(out['identities'])} KV identities, {out['blocks_dropped']} blocks dropped")
-    for holder, n in sorted(out["per_holder"].items()):
+    print(f"{what}: {len(out.identities)} KV identities, {out.blocks_dropped} blocks dropped")
+    for holder, n in sorted(out.per_holder.items()):
         print(f"  {holder}: {n}")
-    for holder, err in sorted(out["errors"].items()):
+    for holder, err in sorted(out.errors.items()):
         print(f"  {holder}: not reached ({err})")
     return 0
 
@@ -102,7 +101,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_bench_parser(sub: Any) -> None:
+def _add_bench_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """``raykv bench <name>``: one sub-command per benchmark module present."""
     from raykv import bench
 

@@ -7,9 +7,11 @@ each node's metrics port); ``format_status`` prints it as tables.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict, cast
 
 import ray
 
@@ -17,7 +19,10 @@ from raykv.core import naming
 from raykv.core.errors import RaykvError
 from raykv.core.identity import KVIdentity
 from raykv.core.units import fmt_bytes
-from raykv.services.cluster import RaykvServices
+from raykv.core.wire import HolderInfo, JsonValue, Report
+from raykv.directory.messages import ShardStats
+from raykv.holders.messages import HolderStats
+from raykv.services.cluster import RaykvServices, identity_report
 
 
 def check_reachable(address: str | None, timeout: float = 3.0) -> None:
@@ -43,45 +48,192 @@ def check_reachable(address: str | None, timeout: float = 3.0) -> None:
         ) from e
 
 
-def _occupancy(stats: dict[str, Any]) -> dict[str, Any]:
+class HitRate(TypedDict):
+    """Engine-side lookups of a tier (or of a tier on one node)."""
+
+    lookups: int
+    hits: int
+    hit_rate: float | None
+
+
+class ServiceRow(TypedDict, total=False):
+    name: str
+    kind: str
+    alive: bool
+    keys: int
+    holders: int
+    rules_version: int
+    error: str
+
+
+class TierRow(TypedDict, total=False):
+    """One holder actor: its ``HolderInfo`` fields, then what it reports."""
+
+    holder_id: str
+    tier_type: str
+    medium: str
+    actor_name: str
+    namespace: str
+    node_id: str | None
+    owner: str | None
+    alive: bool
+    error: str
+    blocks: JsonValue
+    bytes_used: JsonValue
+    capacity_bytes: JsonValue
+    occupancy: float | None
+    #: ``HolderStats.report()``.
+    stats: Report
+    tenant_bytes: dict[str, int]
+    tenant_quotas: dict[str, int]
+    engine_lookups: HitRate
+
+
+class IdentityRow(TypedDict):
+    tag: str
+    model: str | None
+    revision: str | None
+    label: str
+    layout: Report
+    blocks: int
+    blocks_by_tier: dict[str, int]
+
+
+class DirectoryRow(TypedDict):
+    shards: int
+    keys: int
+    keys_per_shard: list[int]
+
+
+class NodeRow(TypedDict):
+    node_id: str
+    address: str | None
+    alive: bool
+    object_store_bytes: int
+
+
+class ClusterStatus(TypedDict):
+    """``collect_status``'s picture (``raykv status --json`` prints it as is)."""
+
+    namespace: str
+    ray_address: str
+    services: list[ServiceRow]
+    directory: DirectoryRow
+    rules_version: int
+    tiers: list[TierRow]
+    identities: list[IdentityRow]
+    hit_rates: dict[str, HitRate]
+    nodes: list[NodeRow]
+
+
+def _number(value: JsonValue) -> int | float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _counts(value: JsonValue) -> dict[str, int]:
+    """A report's ``{name: int}`` figure (tenant bytes, quotas); {} when absent."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: int(v) for k, v in value.items() if isinstance(v, (int, float))}
+
+
+def _occupancy(figures: Report) -> TierRow:
     """Blocks, bytes used and capacity of a tier actor, whatever its kind."""
-    blocks = stats.get("blocks", stats.get("files"))
-    used = stats.get("bytes_used", stats.get("bytes"))
-    cap = stats.get("capacity_bytes")
+    blocks = figures.get("blocks", figures.get("files"))
+    used = figures.get("bytes_used", figures.get("bytes"))
+    cap = figures.get("capacity_bytes")
+    used_n, cap_n = _number(used), _number(cap)
     return {
         "blocks": blocks,
         "bytes_used": used,
         "capacity_bytes": cap,
-        "occupancy": (used / cap) if used is not None and cap else None,
+        "occupancy": (used_n / cap_n) if used_n is not None and cap_n else None,
     }
 
 
-def engine_hit_rates(series: list[tuple[str, dict[str, str], float]]) -> dict[str, dict[str, Any]]:
+def engine_hit_rates(series: list[tuple[str, dict[str, str], float]]) -> dict[str, HitRate]:
     """Engine-side lookups per tier and per (tier, node), from scraped ``ray_raykv_*`` series."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, HitRate] = {}
     for name, labels, value in series:
         field = {"ray_raykv_lookups_total": "lookups", "ray_raykv_lookup_hits_total": "hits"}.get(name)
         if field is None:
             continue
         tier, node = labels.get("tier", "?"), labels.get("node", "?")
         for key in (tier, f"{tier}@{node}"):
-            entry = out.setdefault(key, {"lookups": 0, "hits": 0})
-            entry[field] += int(value)
+            entry = out.setdefault(key, {"lookups": 0, "hits": 0, "hit_rate": None})
+            if field == "lookups":
+                entry["lookups"] += int(value)
+            else:
+                entry["hits"] += int(value)
     for entry in out.values():
         entry["hit_rate"] = entry["hits"] / entry["lookups"] if entry["lookups"] else None
     return out
 
 
-def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool = True) -> dict[str, Any]:
+def _tier_row(info: HolderInfo, namespace: str, timeout: float) -> tuple[TierRow, HolderStats | None]:
+    """A holder's row (its stats too when it answers)."""
+    row = cast(TierRow, dataclasses.asdict(info))
+    try:
+        actor = ray.get_actor(info.actor_name, namespace=namespace)
+        ref: ray.ObjectRef[HolderStats] = actor.stats.remote()
+        stats = ray.get(ref, timeout=timeout)
+    except Exception as e:  # dead or unreachable holder
+        row.update(
+            {
+                "alive": False,
+                "error": type(e).__name__,
+                "blocks": None,
+                "bytes_used": None,
+                "capacity_bytes": None,
+                "occupancy": None,
+            }
+        )
+        return row, None
+    row["alive"] = True
+    row.update(_occupancy(stats.figures))
+    row["stats"] = stats.report()
+    row["tenant_bytes"] = _counts(stats.figures.get("tenant_bytes"))
+    row["tenant_quotas"] = _counts(stats.figures.get("tenant_quotas"))
+    return row, stats
+
+
+def _shard_stats(services: RaykvServices, timeout: float) -> list[ServiceRow]:
+    """One row per directory shard (a dead shard restarts and rebuilds; reported meanwhile)."""
+    rows: list[ServiceRow] = []
+    for i, shard in enumerate(services.directory.shards):
+        name = naming.directory_shard(i)
+        try:
+            ref: ray.ObjectRef[ShardStats] = shard.stats.remote()
+            s = ray.get(ref, timeout=timeout)
+        except Exception as e:
+            rows.append(
+                {
+                    "name": name,
+                    "kind": "directory_shard",
+                    "alive": False,
+                    "keys": 0,
+                    "holders": 0,
+                    "error": type(e).__name__,
+                }
+            )
+            continue
+        rows.append(
+            {
+                "name": naming.directory_shard(s.shard),
+                "kind": "directory_shard",
+                "alive": True,
+                "keys": s.keys,
+                "holders": len(s.holders),
+            }
+        )
+    return rows
+
+
+def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool = True) -> ClusterStatus:
     """One JSON-able picture of a namespace's raykv services and tiers."""
     ns = services.namespace
-    shards = []
-    for i, shard in enumerate(services.directory.shards):
-        try:
-            shards.append({**ray.get(shard.stats.remote(), timeout=timeout), "alive": True})
-        except Exception as e:  # a dead shard restarts and rebuilds; report it meanwhile
-            shards.append({"shard": i, "keys": 0, "holders": {}, "alive": False, "error": type(e).__name__})
-    control = services.read_control("stats", timeout)
+    shards = _shard_stats(services, timeout)
+    control = services.control_stats(timeout)
     series: list[tuple[str, dict[str, str], float]] = []
     if metrics:
         from raykv.metrics.scrape import scrape_cluster
@@ -89,55 +241,31 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         series = scrape_cluster(timeout=min(timeout, 3.0))
     rates = engine_hit_rates(series)
 
-    tiers = []
-    for info in services.holders():
-        entry: dict[str, Any] = dict(info)
-        try:
-            actor = ray.get_actor(info["actor_name"], namespace=ns)
-            stats = ray.get(actor.stats.remote(), timeout=timeout)
-            entry.update(alive=True, **_occupancy(stats), stats=stats)
-            entry["tenant_bytes"] = stats.get("tenant_bytes", {})
-            entry["tenant_quotas"] = stats.get("tenant_quotas", {})
-        except Exception as e:  # dead or unreachable holder
-            entry.update(
-                alive=False, error=type(e).__name__, blocks=None, bytes_used=None, capacity_bytes=None, occupancy=None
-            )
-        key = f"{info['tier_type']}@{info['node_id']}" if info.get("node_id") else info["tier_type"]
-        entry["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
-        tiers.append(entry)
-    tiers.sort(key=lambda t: (t["tier_type"], str(t.get("node_id"))))
-    identities = identity_rows(services.read_control("identities", timeout), tiers)
+    tiers: list[TierRow] = []
+    held: list[tuple[str, HolderStats]] = []
+    for info in sorted(services.holders(timeout), key=lambda h: (h.tier_type, str(h.node_id))):
+        row, stats = _tier_row(info, ns, timeout)
+        key = f"{info.tier_type}@{info.node_id}" if info.node_id else info.tier_type
+        row["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
+        tiers.append(row)
+        if stats is not None:
+            held.append((info.tier_type, stats))
+    identities = identity_rows(services.identities(timeout), held)
 
-    service_rows = [
-        {
-            "name": naming.CONTROL_ACTOR,
-            "kind": "control",
-            "alive": True,
-            "holders": control.get("holders"),
-            "rules_version": control["rules_version"],
-        }
-    ]
-    service_rows += [
-        {
-            "name": naming.directory_shard(s["shard"]),
-            "kind": "directory_shard",
-            "alive": s["alive"],
-            "keys": s["keys"],
-            "holders": len(s.get("holders", {})),
-            **({"error": s["error"]} if "error" in s else {}),
-        }
-        for s in shards
-    ]
+    control_row: ServiceRow = {
+        "name": naming.CONTROL_ACTOR,
+        "kind": "control",
+        "alive": True,
+        "holders": control.holders,
+        "rules_version": control.rules_version,
+    }
+    keys = [s.get("keys", 0) for s in shards]
     return {
         "namespace": ns,
         "ray_address": ray.get_runtime_context().gcs_address,
-        "services": service_rows,
-        "directory": {
-            "shards": len(shards),
-            "keys": sum(s["keys"] for s in shards),
-            "keys_per_shard": [s["keys"] for s in shards],
-        },
-        "rules_version": control["rules_version"],
+        "services": [control_row, *shards],
+        "directory": {"shards": len(shards), "keys": sum(keys), "keys_per_shard": keys},
+        "rules_version": control.rules_version,
         "tiers": tiers,
         "identities": identities,
         "hit_rates": {k: v for k, v in rates.items() if "@" not in k},
@@ -153,26 +281,26 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     }
 
 
-def identity_rows(known: dict[str, dict[str, Any]], tiers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def identity_rows(known: Mapping[str, KVIdentity], held: list[tuple[str, HolderStats]]) -> list[IdentityRow]:
     """One row per KV identity (announced by an engine, or holding blocks):
-    its fields and its blocks per tier and in all."""
+    its fields and its blocks per tier and in all. ``held``: (tier type, stats) of each holder."""
     per_tag: dict[str, dict[str, int]] = {}
-    for t in tiers:
-        for tag, n in (t.get("stats") or {}).get("blocks_by_identity", {}).items():
+    for tier_type, stats in held:
+        for tag, n in stats.blocks_by_identity.items():
             where = per_tag.setdefault(tag, {})
-            where[t["tier_type"]] = where.get(t["tier_type"], 0) + n
-    rows = []
+            where[tier_type] = where.get(tier_type, 0) + n
+    rows: list[IdentityRow] = []
     for tag in sorted(set(known) | set(per_tag)):
-        ident = known.get(tag, {})
+        ident = known.get(tag)
         by_tier = per_tag.get(tag, {})
-        label = KVIdentity.from_dict(ident).label() if ident else "(unknown: announced before a control restart)"
+        fields = identity_report(ident) if ident is not None else {}
         rows.append(
             {
                 "tag": tag,
-                "model": ident.get("model"),
-                "revision": ident.get("revision"),
-                "label": label,
-                "layout": ident.get("layout", {}),
+                "model": ident.model if ident is not None else None,
+                "revision": ident.revision if ident is not None else None,
+                "label": ident.label() if ident is not None else "(unknown: announced before a control restart)",
+                "layout": _report(fields.get("layout")),
                 "blocks": sum(by_tier.values()),
                 "blocks_by_tier": by_tier,
             }
@@ -180,11 +308,20 @@ def identity_rows(known: dict[str, dict[str, Any]], tiers: list[dict[str, Any]])
     return rows
 
 
+def _report(value: JsonValue) -> Report:
+    return value if isinstance(value, dict) else {}
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def _tenant_lines(tiers: list[dict[str, Any]]) -> list[str]:
+def _where(t: TierRow) -> str:
+    """A holder's node, else its root (fs), else "shared"."""
+    return str(t.get("node_id") or t.get("stats", {}).get("root") or "shared")
+
+
+def _tenant_lines(tiers: list[TierRow]) -> list[str]:
     """Bytes per tenant (and quota) of each tier actor, when tenants or quotas exist."""
     from raykv.core.tenants import DEFAULT_TENANT, EVERY_TENANT
 
@@ -193,7 +330,7 @@ def _tenant_lines(tiers: list[dict[str, Any]]) -> list[str]:
         held, quotas = t.get("tenant_bytes") or {}, t.get("tenant_quotas") or {}
         if set(held) <= {DEFAULT_TENANT} and not quotas:
             continue
-        where = t.get("node_id") or t.get("stats", {}).get("root") or "shared"
+        where = _where(t)
         parts = []
         for tenant in sorted(set(held) | (set(quotas) - {EVERY_TENANT})):
             quota = quotas.get(tenant, quotas.get(EVERY_TENANT))
@@ -201,11 +338,11 @@ def _tenant_lines(tiers: list[dict[str, Any]]) -> list[str]:
                 f"{tenant or '(none)'} {fmt_bytes(held.get(tenant, 0))}"
                 + (f" / {fmt_bytes(quota)}" if quota is not None else "")
             )
-        rows.append(f"  {t['tier_type']:<13} {str(where)[:30]:<30} " + ", ".join(parts))
+        rows.append(f"  {t['tier_type']:<13} {where[:30]:<30} " + ", ".join(parts))
     return ["", "bytes per tenant (/ quota):", *rows] if rows else []
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: ClusterStatus) -> str:
     """Terminal tables of ``collect_status``'s result."""
     d = status["directory"]
     alive_nodes = sum(1 for n in status.get("nodes", []) if n["alive"])
@@ -230,19 +367,21 @@ def format_status(status: dict[str, Any]) -> str:
     for t in status["tiers"]:
         if t["tier_type"] == "engine":
             continue
-        where = t.get("node_id") or t.get("stats", {}).get("root") or "shared"
-        rate = t.get("engine_lookups", {})
+        rate = t.get("engine_lookups")
+        hit_rate, lookups = (rate["hit_rate"], rate["lookups"]) if rate is not None else (None, 0)
+        cap = _number(t.get("capacity_bytes"))
         lines.append(
-            f"{t['tier_type']:<13} {str(where)[:30]:<30} {'yes' if t['alive'] else 'NO':<6} "
-            f"{t.get('blocks') if t.get('blocks') is not None else '-'!s:>8} {fmt_bytes(t.get('bytes_used')):>10} "
-            f"{fmt_bytes(t.get('capacity_bytes')) if t.get('capacity_bytes') else 'unlimited':>10} "
-            f"{_pct(t.get('occupancy')):>9} {_pct(rate.get('hit_rate')):>9} {rate.get('lookups', 0):>8}"
+            f"{t['tier_type']:<13} {_where(t)[:30]:<30} {'yes' if t['alive'] else 'NO':<6} "
+            f"{t.get('blocks') if t.get('blocks') is not None else '-'!s:>8} "
+            f"{fmt_bytes(_number(t.get('bytes_used'))):>10} "
+            f"{fmt_bytes(cap) if cap else 'unlimited':>10} "
+            f"{_pct(t.get('occupancy')):>9} {_pct(hit_rate):>9} {lookups:>8}"
         )
     lines += _tenant_lines(status["tiers"])
     if engines:
         lines += ["", f"{'engine (replica actor)':<34} {'node':<14} {'alive':<6} {'cached':>8}  loaded from raykv"]
         for t in engines:
-            loaded = (t.get("stats") or {}).get("loaded_by_tier") or {}
+            loaded = _counts(t.get("stats", {}).get("loaded_by_tier"))
             by_tier = ", ".join(f"{k} {v}" for k, v in sorted(loaded.items())) or "-"
             lines.append(
                 f"{str(t.get('owner') or t['holder_id'])[:34]:<34} {str(t.get('node_id'))[:14]:<14} "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core.contract import ReqContext, RequestOffloadingContext
 from raykv.policy.rules import PolicyRule, decide
@@ -20,7 +20,7 @@ class PolicyCache:
     ``decide`` answers from memory: no directory call per request.
     """
 
-    def __init__(self, control: Any, refresh_s: float = 5.0) -> None:
+    def __init__(self, control: ActorHandle, refresh_s: float = 5.0) -> None:
         self._control = control
         self.refresh_s = refresh_s
         self.version = -1
@@ -33,12 +33,11 @@ class PolicyCache:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                version, raw = ray.get(
-                    self._control.wait_rules.remote(self.version, self.refresh_s),
-                    timeout=self.refresh_s + 30,
+                poll: ray.ObjectRef[tuple[int, list[PolicyRule]]] = self._control.wait_rules.remote(
+                    self.version, self.refresh_s
                 )
+                version, rules = ray.get(poll, timeout=self.refresh_s + 30)
                 if version != self.version:
-                    rules = [PolicyRule.from_dict(r) for r in raw]
                     with self._changed:
                         self.version, self.rules = version, rules
                         self._changed.notify_all()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from raykv.core.contract import OffloadPolicy, ReqContext, RequestOffloadingContext
 from raykv.core.factory import TierFactory
@@ -52,11 +51,12 @@ class PolicyRule:
     tier: str
     policy: OffloadPolicy = OffloadPolicy.REQUEST_LEVEL
     tenant: str | None = None
-    params: tuple[tuple[str, Any], ...] = field(default=())
+    #: ``kv_transfer_params`` items to match (JSON values, validated).
+    params: tuple[tuple[str, object], ...] = field(default=())
     name: str = ""
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], where: str = "rule") -> "PolicyRule":
+    def from_dict(cls, raw: Mapping[str, object], where: str = "rule") -> "PolicyRule":
         s = parse_options(_RuleSchema, raw, where)
         match = as_mapping(s.match, f"{where}.match")
         unknown = sorted(set(match) - set(_MATCH_KEYS))
@@ -75,8 +75,9 @@ class PolicyRule:
             name=s.name,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        match: dict[str, Any] = {}
+    def to_dict(self) -> dict[str, object]:
+        """The rule as config writes it (``from_dict`` reads it back)."""
+        match: dict[str, object] = {}
         if self.tenant is not None:
             match["tenant"] = self.tenant
         if self.params:
@@ -92,7 +93,7 @@ class PolicyRule:
         return all(k in params and _equal(params[k], v) for k, v in self.params)
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: object, b: object) -> bool:
     """``a == b`` for request values, which may be of any type (False when comparing raises)."""
     try:
         return bool(a == b)

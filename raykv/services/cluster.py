@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import ray
+from ray.actor import ActorClass, ActorHandle
 
 from raykv.config.options import RaykvConfig
 from raykv.core import naming
@@ -16,11 +20,13 @@ from raykv.core.identity import KVIdentity
 from raykv.core.node import process_node_id
 from raykv.core.placement import LoadPlanner
 from raykv.core.validate import ArgumentError
+from raykv.core.wire import HolderInfo, Report
 from raykv.directory.client import DirectoryClient, LookupCache
 from raykv.directory.shard import DirectoryShard
-from raykv.policy import PolicyCache
+from raykv.policy import PolicyCache, PolicyRule, check_rule_tier
 from raykv.services import grafana
 from raykv.services.control import ControlActor
+from raykv.services.messages import ControlStats
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ def ensure_ray(address: str | None = None) -> None:
         ) from e
 
 
-def _namespace_problem(namespace: Any) -> str | None:
+def _namespace_problem(namespace: object) -> str | None:
     from raykv.core.fields import check_namespace
 
     if not isinstance(namespace, str):
@@ -56,21 +62,65 @@ def _session_key(namespace: str) -> tuple[str, str]:
     return namespace, ray.get_runtime_context().gcs_address
 
 
-def _get_actor(name: str, namespace: str) -> Any | None:
+def _get_actor(name: str, namespace: str) -> ActorHandle | None:
     try:
         return ray.get_actor(name, namespace=namespace)
     except ValueError:
         return None
 
 
-def _named(cls: Any, name: str, namespace: str, *args: Any) -> Any:
-    return cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
+def _named(cls: type, name: str, namespace: str, *args: object) -> ActorHandle:
+    remote_cls = cast("ActorClass[object]", cls)  # what @ray.remote made it (mypy ignores class decorators)
+    handle = remote_cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
+    assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class itself
+    return handle
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Invalidation:
+    """What ``RaykvServices.invalidate`` dropped (``raykv invalidate``)."""
+
+    model: str
+    revision: str | None
+    #: The identities matched: tag (hex) -> identity.
+    identities: dict[str, KVIdentity]
+    #: Blocks dropped per holder id.
+    per_holder: dict[str, int] = field(default_factory=dict)
+    #: Holders not reached: holder id -> why.
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def blocks_dropped(self) -> int:
+        return sum(self.per_holder.values())
+
+    def report(self) -> Report:
+        """As one JSON object (``raykv invalidate --json``)."""
+        per_holder: Report = {k: v for k, v in self.per_holder.items()}
+        errors: Report = {k: v for k, v in self.errors.items()}
+        identities: Report = {t: identity_report(i) for t, i in self.identities.items()}
+        return {
+            "model": self.model,
+            "revision": self.revision,
+            "identities": identities,
+            "blocks_dropped": self.blocks_dropped,
+            "per_holder": per_holder,
+            "errors": errors,
+        }
+
+
+def identity_report(identity: KVIdentity) -> Report:
+    """A KV identity's fields as JSON (values JSON cannot hold as ``str``)."""
+    report: Report = json.loads(json.dumps(identity.to_dict(), default=str))
+    return report
 
 
 class RaykvServices:
     """Handles to one namespace's raykv services, shared within a process."""
 
-    def __init__(self, config: RaykvConfig, control: Any, shards: list[Any]) -> None:
+    def __init__(self, config: RaykvConfig, control: ActorHandle, shards: list[ActorHandle]) -> None:
         self.config = config
         self.namespace = config.namespace
         self.control = control
@@ -95,51 +145,58 @@ class RaykvServices:
         """This process's node (``process_node_id``)."""
         return process_node_id()
 
-    def add_rule(self, rule: dict[str, Any]) -> int:
-        """Register a policy rule at the directory; returns the rules version.
+    def add_rule(self, rule: Mapping[str, object] | PolicyRule) -> int:
+        """Register a policy rule at the control actor; returns the rules version.
 
         Validated here first (``ConfigError`` naming the field): its ``tier``
         must be ``'*'``, a known tier type, or a type in the running config.
         """
-        from raykv.policy import PolicyRule, check_rule_tier
-
-        parsed = PolicyRule.from_dict(rule, "rule")
+        parsed = rule if isinstance(rule, PolicyRule) else PolicyRule.from_dict(rule, "rule")
         check_rule_tier(parsed.tier, "rule.tier", also=[t.get("type") for t in self.config.tiers])
-        return ray.get(self.control.add_rule.remote(dict(rule)))
+        version: ray.ObjectRef[int] = self.control.add_rule.remote(parsed)
+        return ray.get(version)
 
     def remove_rule(self, name: str) -> int:
         if not isinstance(name, str):
             raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
-        return ray.get(self.control.remove_rule.remote(name))
+        version: ray.ObjectRef[int] = self.control.remove_rule.remote(name)
+        return ray.get(version)
 
-    def read_control(self, method: str, timeout: float | None = None, restart_wait_s: float = 30.0) -> Any:
+    def read_control(
+        self, method: str, answer: type[_T], timeout: float | None = None, restart_wait_s: float = 30.0
+    ) -> _T:
         """A read-only call to the control actor (``holders``, ``identities``,
         ``stats``) that rides out its restart (Ray answers ``ActorUnavailableError``
-        while it comes back); ``timeout`` bounds each attempt."""
+        while it comes back); ``timeout`` bounds each attempt. ``answer``: the
+        type of its answer (what the control actor's method returns)."""
         deadline = time.monotonic() + restart_wait_s
         while True:
             try:
-                return ray.get(getattr(self.control, method).remote(), timeout=timeout)
+                return cast(_T, ray.get(getattr(self.control, method).remote(), timeout=timeout))
             except ray.exceptions.ActorUnavailableError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
 
-    def holders(self) -> list[dict[str, Any]]:
-        """Every announced holder (tier and engine-cache actors), as dicts."""
-        return self.read_control("holders")
+    def holders(self, timeout: float | None = None) -> list[HolderInfo]:
+        """Every announced holder (tier and engine-cache actors)."""
+        return self.read_control("holders", list[HolderInfo], timeout)
 
     def register_identity(self, identity: KVIdentity) -> None:
         """Announce an engine's KV identity to the control actor (once per process)."""
         if identity.tag not in self._identities_sent:
             self._identities_sent.add(identity.tag)
-            self.control.register_identity.remote(identity.tag_hex, identity.to_dict())
+            self.control.register_identity.remote(identity.tag_hex, identity)
 
-    def identities(self) -> dict[str, dict[str, Any]]:
-        """Announced KV identities: tag (hex) -> fields."""
-        return self.read_control("identities")
+    def identities(self, timeout: float | None = None) -> dict[str, KVIdentity]:
+        """Announced KV identities: tag (hex) -> identity."""
+        return self.read_control("identities", dict[str, KVIdentity], timeout)
 
-    def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> dict[str, Any]:
+    def control_stats(self, timeout: float | None = None) -> ControlStats:
+        """The control actor's calls, rules version and holder count."""
+        return self.read_control("stats", ControlStats, timeout)
+
+    def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> Invalidation:
         """Drop every block of the identities of ``model`` (of one ``revision``
         when given) from every tier actor and the directory; returns what went.
 
@@ -149,7 +206,7 @@ class RaykvServices:
         """
         return invalidate_identities(self, model, revision, timeout)
 
-    def start_tier_services(self, tier_config: dict[str, Any], where: str = "tier") -> None:
+    def start_tier_services(self, tier_config: Mapping[str, object], where: str = "tier") -> None:
         """Start the actors a tier config needs (per-node actors, fs root actor)."""
         from raykv.core.factory import TierFactory
 
@@ -162,7 +219,7 @@ class RaykvServices:
         """Kill every raykv actor of this namespace (their blocks go with them)."""
         holders = self.holders()
         for info in holders:
-            actor = _get_actor(info["actor_name"], self.namespace)
+            actor = _get_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
         for shard in self.directory.shards:
@@ -174,7 +231,7 @@ class RaykvServices:
             _attached.pop(_session_key(self.namespace), None)
 
 
-def invalidate_identities(services: RaykvServices, model: str, revision: str | None, timeout: float) -> dict[str, Any]:
+def invalidate_identities(services: RaykvServices, model: str, revision: str | None, timeout: float) -> Invalidation:
     """``RaykvServices.invalidate``: match identities, then every holder drops their keys."""
     if not isinstance(model, str) or not model:
         raise ValueError(f"model: must be a non-empty str, got {model!r}")
@@ -182,34 +239,25 @@ def invalidate_identities(services: RaykvServices, model: str, revision: str | N
         raise ValueError(f"revision: must be a str or None, got {revision!r}")
     known = services.identities()
     tags = sorted(
-        tag
-        for tag, ident in known.items()
-        if ident.get("model") == model and (revision is None or ident.get("revision") == revision)
+        tag for tag, ident in known.items() if ident.model == model and (revision is None or ident.revision == revision)
     )
     dropped: dict[str, int] = {}
     errors: dict[str, str] = {}
     if tags:
-        calls = {}
+        calls: dict[str, ray.ObjectRef[int]] = {}
         for info in services.holders():
-            actor = _get_actor(info["actor_name"], services.namespace)
+            actor = _get_actor(info.actor_name, services.namespace)
             if actor is not None:
-                calls[info["holder_id"]] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
+                calls[info.holder_id] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
         for holder_id, ref in calls.items():
             try:
                 dropped[holder_id] = ray.get(ref, timeout=timeout)
             except Exception as e:  # a dead holder's entries already left the directory
                 errors[holder_id] = repr(e)
-    return {
-        "model": model,
-        "revision": revision,
-        "identities": {t: known[t] for t in tags},
-        "blocks_dropped": sum(dropped.values()),
-        "per_holder": dropped,
-        "errors": errors,
-    }
+    return Invalidation(model, revision, {t: known[t] for t in tags}, dropped, errors)
 
 
-def start(config: RaykvConfig | dict[str, Any] | None = None, *, address: str | None = None) -> RaykvServices:
+def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: str | None = None) -> RaykvServices:
     """Start raykv's services (or reuse running ones) and the configured tiers.
 
     ``config`` (a dict or a ``RaykvConfig``) is validated first: a bad one
@@ -218,8 +266,9 @@ def start(config: RaykvConfig | dict[str, Any] | None = None, *, address: str | 
     config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     ensure_ray(address)
     ns = config.namespace
-    control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config.to_dict())
-    running = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config)
+    running_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
+    running = ray.get(running_ref)
     if running.directory_shards != config.directory_shards:
         logger.warning(
             "raykv already runs in namespace %r with %d directory shards; keeping them",
@@ -272,7 +321,8 @@ def attach(
         raise RaykvError(
             f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` (or raykv.start()) first"
         )
-    config = RaykvConfig.from_dict(ray.get(control.config.remote()))
+    config_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
+    config = ray.get(config_ref)
     shards = []
     for i in range(config.directory_shards):
         shard = _get_actor(naming.directory_shard(i), namespace)

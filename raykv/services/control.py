@@ -11,44 +11,49 @@ long-poll the rules (``raykv.policy.cache``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
-from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 
+from raykv.config.options import RaykvConfig
+from raykv.core.identity import KVIdentity
+from raykv.core.wire import HolderInfo
 from raykv.metrics import status_log
 from raykv.policy import PolicyRule
+from raykv.services.messages import ControlStats
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
 class ControlActor:
     """Named ``raykv-control``: the source of truth engines attach to."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, config: RaykvConfig) -> None:
         self._config = config
-        self._rules: dict[str, dict[str, Any]] = {}
+        self._rules: dict[str, PolicyRule] = {}
         self._version = 0
         self._changed = asyncio.Event()
         self._readers: Counter[int] = Counter()  # waiting long polls per rules version
-        self._holders: dict[str, dict[str, Any]] = {}
-        self._watches: dict[str, asyncio.Task] = {}  # holder id -> its raykv_watch call
-        #: KV identities engines announced: tag (hex) -> KVIdentity fields
-        self._identities: dict[str, dict[str, Any]] = {}
+        self._holders: dict[str, HolderInfo] = {}
+        self._watches: dict[str, asyncio.Task[None]] = {}  # holder id -> its raykv_watch call
+        #: KV identities engines announced: tag (hex) -> identity
+        self._identities: dict[str, KVIdentity] = {}
         self.calls: Counter[str] = Counter()
-        for i, raw in enumerate(config.get("rules", [])):
+        for i, raw in enumerate(config.rules):
             rule = PolicyRule.from_dict(raw, f"rules[{i}]")
-            self._rules[rule.name or f"rule-{i}"] = rule.to_dict()
+            self._rules[rule.name or f"rule-{i}"] = rule
         if self._rules:
             self._version = 1
-        self._status_log = status_log.spawn(
-            self.status_line, interval_s=float(config.get("status_log_s", status_log.DEFAULT_INTERVAL_S))
-        )
+        self._status_log = status_log.spawn(self.status_line, interval_s=float(config.status_log_s))
 
     def __repr__(self) -> str:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
         config = self.__dict__.get("_config")
-        config = config if isinstance(config, dict) else {}
-        return f"RaykvControl(shards={config.get('directory_shards', '?')}, namespace {config.get('namespace', '?')!r})"
+        if not isinstance(config, RaykvConfig):
+            return "RaykvControl(shards=?, namespace '?')"
+        shards, namespace = config.directory_shards, config.namespace
+        return f"RaykvControl(shards={shards}, namespace {namespace!r})"
 
     def status_line(self) -> str:
         """Live holders, rules and calls, one line (logged every ``status_log_s``)."""
@@ -56,16 +61,15 @@ class ControlActor:
         calls = ", ".join(f"{k} {v}" for k, v in sorted(self.calls.items()))
         return f"control: holders [{holders}]; rules {len(self._rules)} v{self._version}; calls: {calls}"
 
-    async def config(self) -> dict[str, Any]:
+    async def config(self) -> RaykvConfig:
         self.calls["config"] += 1
         return self._config
 
-    async def add_rule(self, raw: dict[str, Any]) -> int:
+    async def add_rule(self, rule: PolicyRule) -> int:
         """Add (or replace, by name) a policy rule; returns the new rules version."""
         self.calls["add_rule"] += 1
-        rule = PolicyRule.from_dict(raw)
         name = rule.name or f"rule-{len(self._rules)}"
-        self._rules[name] = {**rule.to_dict(), "name": name}
+        self._rules[name] = dataclasses.replace(rule, name=name)
         return self._bump()
 
     async def remove_rule(self, name: str) -> int:
@@ -80,11 +84,11 @@ class ControlActor:
         self._changed = asyncio.Event()
         return self._version
 
-    async def rules(self) -> tuple[int, list[dict[str, Any]]]:
+    async def rules(self) -> tuple[int, list[PolicyRule]]:
         self.calls["rules"] += 1
         return self._version, list(self._rules.values())
 
-    async def wait_rules(self, known_version: int, timeout_s: float) -> tuple[int, list[dict[str, Any]]]:
+    async def wait_rules(self, known_version: int, timeout_s: float) -> tuple[int, list[PolicyRule]]:
         """Long poll: return when the rules differ from ``known_version`` or after ``timeout_s``."""
         self.calls["wait_rules"] += 1
         if known_version == self._version:
@@ -104,12 +108,12 @@ class ControlActor:
         per poll): every engine holds rules version ``v`` once all are >= v."""
         return sorted(self._readers.elements())
 
-    async def add_holder(self, info: dict[str, Any], handle: Any = None) -> None:
+    async def add_holder(self, info: HolderInfo, handle: ActorHandle | None = None) -> None:
         """A holder (re)announced itself. With its ``handle`` it is watched
         (``raykv_watch``) and leaves the list when it dies; a restarted holder
         announces itself again."""
         self.calls["add_holder"] += 1
-        holder_id = info["holder_id"]
+        holder_id = info.holder_id
         self._holders[holder_id] = info
         old = self._watches.pop(holder_id, None)
         if old is not None:
@@ -117,7 +121,7 @@ class ControlActor:
         if handle is not None:
             self._watches[holder_id] = asyncio.get_running_loop().create_task(self._watch(holder_id, info, handle))
 
-    async def _watch(self, holder_id: str, info: dict[str, Any], handle: Any) -> None:
+    async def _watch(self, holder_id: str, info: HolderInfo, handle: ActorHandle) -> None:
         try:
             await handle.raykv_watch.remote()
         except asyncio.CancelledError:
@@ -135,19 +139,19 @@ class ControlActor:
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
-    async def register_identity(self, tag_hex: str, identity: dict[str, Any]) -> None:
+    async def register_identity(self, tag_hex: str, identity: KVIdentity) -> None:
         """An engine's KV identity (so status and invalidation can name it)."""
         self.calls["register_identity"] += 1
         self._identities[tag_hex] = identity
 
-    async def identities(self) -> dict[str, dict[str, Any]]:
+    async def identities(self) -> dict[str, KVIdentity]:
         return dict(self._identities)
 
-    async def holders(self) -> list[dict[str, Any]]:
+    async def holders(self) -> list[HolderInfo]:
         return list(self._holders.values())
 
-    async def stats(self) -> dict[str, Any]:
-        return {"calls": dict(self.calls), "rules_version": self._version, "holders": len(self._holders)}
+    async def stats(self) -> ControlStats:
+        return ControlStats(calls=dict(self.calls), rules_version=self._version, holders=len(self._holders))
 
     async def ping(self) -> bool:
         return True

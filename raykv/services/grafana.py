@@ -48,7 +48,15 @@ def write_dashboard(directory: str) -> str | None:
 
 
 def _local_session_dir() -> str:
-    return ray._private.worker.global_worker.node.get_session_dir_path()
+    """This Ray session's directory on this node: ``<temp dir>/<session name>``.
+
+    Ray 2.60 has no public call that returns the session directory itself (only its
+    private node object does); it builds it as ``os.path.join(temp_dir, session_name)``,
+    and both parts are public ``RuntimeContext`` calls. Not ``<temp dir>/session_latest``:
+    that link names the newest session on the node, which need not be this one.
+    """
+    ctx = ray.get_runtime_context()
+    return os.path.join(ctx.get_temp_dir(), ctx.get_session_name())
 
 
 @ray.remote(num_cpus=0, resources={_HEAD_RESOURCE: 0.001})

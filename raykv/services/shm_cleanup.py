@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +27,7 @@ PREFIX, SUFFIX = "vllm_offload_", ".mmap"
 
 def _segments(shm_dir: str) -> list[str]:
     uid = os.getuid()
-    out = []
+    out: list[str] = []
     try:
         entries = list(os.scandir(shm_dir))
     except OSError:
@@ -123,7 +122,7 @@ def clean_cluster(timeout: float = 60.0) -> dict[str, dict[str, int]]:
     return out
 
 
-def summary(cleaned: dict[str, dict[str, Any]]) -> str:
+def summary(cleaned: dict[str, dict[str, int]]) -> str:
     """One line for ``raykv stop``."""
     from raykv.core.units import fmt_bytes
 

@@ -31,7 +31,7 @@ def test_register_unregister_drop_keep_counts_exact():
     got = _holders(s, keys)
     assert got[:100] == [{"a"}] * 100 and got[100:200] == [{"a", "b"}] * 100 and got[200:] == [{"b"}] * 50
     assert s.unregister("a", to_blob(fingerprints(keys[150:250]))) == 50
-    assert s.stats()["holders"] == {"a": 150, "b": 150}
+    assert s.stats().holders == {"a": 150, "b": 150}
     assert s.drop_holder("b", "died") == 150
     assert _holders(s, keys) == [{"a"}] * 150 + [set()] * 100
     assert s.num_keys == 150 and s.invalidated == {"evicted": 50, "died": 150}

@@ -3,12 +3,11 @@ ENGINE medium, in order; invalidation drops them; the actor's death drops them a
 
 from __future__ import annotations
 
-import time
-
 import ray
 
 from raykv.core.placement import ENGINE
 from raykv.holders.engine_cache import EngineCacheActor, engine_key, holder_info
+from tests.waiting import wait_until
 
 TAG_A, TAG_B = b"A" * 8, b"B" * 8
 
@@ -17,17 +16,10 @@ def _listed(services, keys: list[bytes]) -> list[bool]:
     return [any(h.medium == ENGINE for h in hs) for hs in services.directory.lookup(keys)]
 
 
-def _wait(predicate, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_events_register_in_order_and_invalidation_drops_them(raykv_services) -> None:
     ns = raykv_services.namespace
     info = holder_info(ns, ray.get_runtime_context().get_node_id(), owner="replica-1", pid=4242)
-    actor = EngineCacheActor.options(name=info.actor_name, namespace=ns).remote(info.to_dict(), ns)
+    actor = EngineCacheActor.options(name=info.actor_name, namespace=ns).remote(info, ns)
     a = [engine_key(TAG_A, i) for i in range(4)]
     b = [engine_key(TAG_B, i) for i in range(2)]
     assert ray.get(actor.apply.remote(a + b, [])) == 6
@@ -38,10 +30,10 @@ def test_events_register_in_order_and_invalidation_drops_them(raykv_services) ->
     # everything cleared, then one block stored again
     assert ray.get(actor.apply.remote([a[3]], [], True, {"object_store": 7})) == 1
     assert _listed(raykv_services, a + b) == [False, False, False, True, False, False]
-    stats = ray.get(actor.stats.remote())
+    stats = ray.get(actor.stats.remote()).figures
     assert stats["blocks"] == 1 and stats["loaded_by_tier"] == {"object_store": 7}
-    (holder,) = [h for h in raykv_services.holders() if h["holder_id"] == info.holder_id]
-    assert holder["medium"] == ENGINE and holder["owner"] == "replica-1"
+    (holder,) = [h for h in raykv_services.holders() if h.holder_id == info.holder_id]
+    assert holder == info and holder.medium == ENGINE and holder.owner == "replica-1"
     assert ray.get(actor.drop_identities.remote([TAG_A])) == 1
     assert _listed(raykv_services, [a[3]]) == [False]
     ray.kill(actor)
@@ -50,10 +42,20 @@ def test_events_register_in_order_and_invalidation_drops_them(raykv_services) ->
 def test_a_dead_engine_holder_leaves_the_directory_at_once(raykv_services) -> None:
     ns = raykv_services.namespace
     info = holder_info(ns, ray.get_runtime_context().get_node_id(), owner=None, pid=4343)
-    actor = EngineCacheActor.options(name=info.actor_name, namespace=ns).remote(info.to_dict(), ns)
+    actor = EngineCacheActor.options(name=info.actor_name, namespace=ns).remote(info, ns)
     keys = [engine_key(TAG_A, 100 + i) for i in range(3)]
     ray.get(actor.apply.remote(keys, []))
     assert all(_listed(raykv_services, keys))
     ray.kill(actor)
-    _wait(lambda: not any(_listed(raykv_services, keys)), "the dead holder's keys to leave")
-    _wait(lambda: info.holder_id not in {h["holder_id"] for h in raykv_services.holders()}, "membership to drop it")
+    wait_until(
+        lambda: not any(_listed(raykv_services, keys)),
+        timeout_s=10.0,
+        interval_s=0.05,
+        what="the dead holder's keys to leave",
+    )
+    wait_until(
+        lambda: info.holder_id not in {h.holder_id for h in raykv_services.holders()},
+        timeout_s=10.0,
+        interval_s=0.05,
+        what="membership to drop it",
+    )

@@ -24,12 +24,12 @@ def test_a_reader_sees_every_batch_after_its_snapshot() -> None:
     log = HoldingsLog(reader_idle_s=60, clock=clock)
     held = [_key(0)]
     first = log.read(None, TAG, lambda: held)
-    assert first["snapshot"] == [_key(0)] and first["events"] == []
+    assert first.snapshot == [_key(0)] and first.events == []
     log.append(False, [_key(1), b"other-id" + b"\0" * 4])
     log.append(True, [_key(0)])
-    out = log.read(first["next"], TAG, lambda: held)
-    assert out["snapshot"] is None
-    assert out["events"] == [(False, [_key(1)]), (True, [_key(0)])]
+    out = log.read(first.next, TAG, lambda: held)
+    assert out.snapshot is None
+    assert out.events == [(False, [_key(1)]), (True, [_key(0)])]
 
 
 def test_no_reader_no_history() -> None:
@@ -38,7 +38,7 @@ def test_no_reader_no_history() -> None:
     for i in range(1000):
         log.append(False, [_key(i)])
     assert log.num_keys == 0  # never read: nothing kept
-    seq = log.read(None, TAG, lambda: [])["next"]
+    seq = log.read(None, TAG, lambda: []).next
     log.append(False, [_key(1)])
     assert log.num_keys == 1  # a reader now: kept
     clock.now += 61  # the reader went quiet
@@ -46,9 +46,9 @@ def test_no_reader_no_history() -> None:
     assert log.num_keys == 0
     # it comes back from where it was: the ring no longer holds that, so a snapshot
     back = log.read(seq, TAG, lambda: [_key(1), _key(2)])
-    assert back["snapshot"] == [_key(1), _key(2)]
+    assert back.snapshot == [_key(1), _key(2)]
     log.append(True, [_key(1)])
-    assert log.read(back["next"], TAG, lambda: [_key(2)])["events"] == [(True, [_key(1)])]
+    assert log.read(back.next, TAG, lambda: [_key(2)]).events == [(True, [_key(1)])]
 
 
 def test_the_ring_stays_bounded_for_a_reader() -> None:

@@ -6,8 +6,6 @@ the shard restarted); the holder's periodic reconcile puts them back."""
 
 from __future__ import annotations
 
-import time
-
 import ray
 
 import raykv
@@ -16,6 +14,7 @@ from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 
 NS = "raykv-reconcile"
 
@@ -38,10 +37,7 @@ def test_a_holder_dropped_at_a_shard_while_alive_is_relisted(ray_local) -> None:
             shard1 = [k for k in scoped_keys(keys) if raykv.core.keys.shard_of(k, 2) == 1][:3]
             ray.get(services.directory.shards[1].unregister.remote(holder, shard1))
             assert _listed(services, keys) < 24
-            deadline = time.monotonic() + 20
-            while _listed(services, keys) != 24:
-                assert time.monotonic() < deadline, "the holder never repaired the directory"
-                time.sleep(0.1)
+            wait_until(lambda: _listed(services, keys) == 24, timeout_s=20, what="the holder to repair the directory")
             # each shard lists exactly the holder's keys again
             counts = ray.get([s.holder_counts.remote(holder) for s in services.directory.shards])
             assert sum(counts) == 24

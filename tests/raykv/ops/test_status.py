@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -21,6 +22,7 @@ from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import scrape
 from raykv.ops.status import collect_status, format_status
+from tests.waiting import WaitTimeout, wait_until
 
 BLOCK = 32 * 1024
 NS = "raykv-status-test"
@@ -93,12 +95,17 @@ def filled(tmp_path_factory):
         tier.shutdown()
     region.close()
     # Wait until the node's metrics port shows the engines' lookups (exported every 0.5 s).
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        got = scrape.sum_series(scrape.scrape_cluster(), "ray_raykv_lookups_total", "tier")
-        if all(got.get(t) == totals[t]["raykv_lookups"] for t in totals):
-            break
-        time.sleep(0.5)
+    with contextlib.suppress(WaitTimeout):  # the tests assert on the numbers themselves
+        wait_until(
+            lambda: all(
+                scrape.sum_series(scrape.scrape_cluster(), "ray_raykv_lookups_total", "tier").get(t)
+                == totals[t]["raykv_lookups"]
+                for t in totals
+            ),
+            timeout_s=20,
+            interval_s=0.5,
+            what="the engines' lookups on the node's metrics port",
+        )
     yield services, root, placed, totals
     services.shutdown()
     ray.shutdown()

@@ -13,8 +13,8 @@ from raykv.policy import PolicyRule
 
 
 def _calls(services) -> int:
-    control = sum(ray.get(services.control.stats.remote())["calls"].values())
-    shards = sum(sum(s["calls"].values()) for s in services.directory.stats())
+    control = sum(ray.get(services.control.stats.remote()).calls.values())
+    shards = sum(sum(s.calls.values()) for s in services.directory.stats())
     return control + shards
 
 

@@ -3,8 +3,6 @@ restart) and the rules engines long-poll, on a real local Ray."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 
@@ -14,16 +12,9 @@ from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 
 NS = "raykv-control-test"
-
-
-def _wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +33,7 @@ def _restarted(actor) -> bool:
 
 
 def _holder_ids(services) -> set[str]:
-    return {h["holder_id"] for h in services.holders()}
+    return {h.holder_id for h in services.holders()}
 
 
 def test_holder_leaves_when_it_dies_and_returns_when_restarted(services, tmp_path):
@@ -54,13 +45,20 @@ def test_holder_leaves_when_it_dies_and_returns_when_restarted(services, tmp_pat
             assert TierDriver(tier).store(prefix_keys(list(range(40)), 10), [0, 1, 2, 3]).success
             # a crash: Ray restarts it, and it announces itself again
             ray.kill(tier.actor, no_restart=False)
-            _wait_for(
+            wait_until(
                 lambda: _restarted(tier.actor) and holder in _holder_ids(services),
+                timeout_s=20.0,
+                interval_s=0.05,
                 what="the restarted root actor to be listed again",
             )
             # for good: it leaves the list (nobody asks a dead holder again)
             ray.kill(tier.actor, no_restart=True)
-            _wait_for(lambda: holder not in _holder_ids(services), what="the dead holder to leave the list")
+            wait_until(
+                lambda: holder not in _holder_ids(services),
+                timeout_s=20.0,
+                interval_s=0.05,
+                what="the dead holder to leave the list",
+            )
         finally:
             tier.shutdown()
 
@@ -72,7 +70,12 @@ def test_holders_announce_again_to_a_restarted_control_actor(services, tmp_path)
             holder = tier.holder_info.holder_id
             control = ray.get_actor(naming.CONTROL_ACTOR, namespace=NS)
             ray.kill(control, no_restart=False)  # restarts with an empty holder list
-            _wait_for(lambda: holder in _holder_ids(services), what="the holder to announce itself again")
+            wait_until(
+                lambda: holder in _holder_ids(services),
+                timeout_s=20.0,
+                interval_s=0.05,
+                what="the holder to announce itself again",
+            )
         finally:
             tier.shutdown()
 
@@ -82,8 +85,10 @@ def test_rules_readers_show_the_version_engines_hold(services):
     assert policy.wait_version(0, timeout=30)
     version = services.add_rule({"name": "r", "tier": "*", "match": {"tenant": "t"}})
     assert policy.wait_version(version, timeout=10)
-    _wait_for(
+    wait_until(
         lambda: version in ray.get(services.control.rules_readers.remote()),
+        timeout_s=20.0,
+        interval_s=0.05,
         what="the long poll to wait at the new version",
     )
     assert services.remove_rule("r") == version + 1
