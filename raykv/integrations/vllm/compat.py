@@ -16,13 +16,19 @@ the same on every release.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import vllm
-from vllm.v1.kv_offload.base import OffloadPolicy
+from vllm.v1.kv_offload.base import OffloadingSpec, OffloadKey, OffloadPolicy, ReqContext
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # 0.32+
 
 #: (major, minor) releases raykv is tested against.
 SUPPORTED = ((0, 29), (0, 32), (0, 33))
@@ -51,10 +57,10 @@ HAS_OFF_THREAD_POLLING = hasattr(SecondaryTierManager, "tolerates_off_thread_pol
 
 def init_tier_manager(
     tier: SecondaryTierManager,
-    offloading_spec: Any,
+    offloading_spec: OffloadingSpec,
     primary_kv_view: memoryview,
     tier_type: str,
-    backpressure_detector: Any,
+    backpressure_detector: BackpressureDetector | None,
 ) -> None:
     """``SecondaryTierManager.__init__`` with the arguments this release takes."""
     if _TAKES_BACKPRESSURE:
@@ -65,35 +71,76 @@ def init_tier_manager(
 
 def job_slots(job: TransferJob) -> np.ndarray:
     """A job's primary rows, whatever the release calls them."""
-    return getattr(job, JOB_SLOTS_FIELD)
+    slots: np.ndarray = getattr(job, JOB_SLOTS_FIELD)
+    return slots
 
 
-def job_result(**fields: Any) -> JobResult:
-    """A ``JobResult`` with the fields this release has (others dropped)."""
-    return JobResult(**{k: v for k, v in fields.items() if k in _JOB_RESULT_FIELDS})
+def job_result(
+    job_id: int,
+    success: bool,
+    successful_keys: Collection[bytes] | None = None,
+    transfer_time: float | None = None,
+    transfer_bytes: int | None = None,
+) -> JobResult:
+    """A ``JobResult`` with the fields this release has (0.29: no ``transfer_bytes``)."""
+    keys = cast("Collection[OffloadKey] | None", successful_keys)  # vLLM's OffloadKey is a NewType of bytes
+    if "transfer_bytes" in _JOB_RESULT_FIELDS:
+        return JobResult(job_id, success, keys, transfer_time, transfer_bytes)
+    return JobResult(job_id, success, keys, transfer_time)
 
 
-def make_job(**fields: Any) -> TransferJob:
+def make_job(
+    job_id: int,
+    keys: Collection[bytes],
+    chunk_ids: np.ndarray,
+    is_promotion: bool,
+    req_context: ReqContext,
+    submit_time: float | None = None,
+) -> TransferJob:
     """A vLLM ``TransferJob`` from 0.32 field names (tests and tools)."""
-    if "chunk_ids" in fields and JOB_SLOTS_FIELD != "chunk_ids":
-        fields[JOB_SLOTS_FIELD] = fields.pop("chunk_ids")
-    return TransferJob(**{k: v for k, v in fields.items() if k in _JOB_FIELDS})
+    fields: dict[str, object] = {
+        "job_id": job_id,
+        "keys": keys,
+        JOB_SLOTS_FIELD: chunk_ids,
+        "is_promotion": is_promotion,
+        "req_context": req_context,
+    }
+    if submit_time is not None:
+        fields["submit_time"] = submit_time
+    make: Callable[..., TransferJob] = TransferJob  # its slots field is named per release
+    return make(**fields)
 
 
-def spec_num_chunks(spec: Any) -> int:
+def spec_num_chunks(spec: OffloadingSpec) -> int:
     """Rows of the primary region: ``num_chunks`` (0.32+) or ``num_blocks`` (0.29)."""
-    return spec.num_chunks if hasattr(spec, "num_chunks") else spec.num_blocks
+    rows = getattr(spec, "num_chunks", None)
+    return int(rows if rows is not None else getattr(spec, "num_blocks", 0))
 
 
-def shared_region(region_cls: Any, *, num_chunks: int, kv_bytes_per_chunk: int, **kwargs: Any) -> Any:
+def shared_region(
+    *, engine_id: str, num_chunks: int, rank: int | None, kv_bytes_per_chunk: int, cpu_page_size: int
+) -> SharedOffloadRegion:
     """A ``SharedOffloadRegion`` with this release's argument names."""
-    params = inspect.signature(region_cls.__init__).parameters
+    params = inspect.signature(SharedOffloadRegion.__init__).parameters
+    make: Callable[..., SharedOffloadRegion] = SharedOffloadRegion  # argument names differ per release
     if "num_chunks" in params:
-        return region_cls(num_chunks=num_chunks, kv_bytes_per_chunk=kv_bytes_per_chunk, **kwargs)
-    return region_cls(num_blocks=num_chunks, kv_bytes_per_block=kv_bytes_per_chunk, **kwargs)
+        return make(
+            engine_id=engine_id,
+            num_chunks=num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=kv_bytes_per_chunk,
+            cpu_page_size=cpu_page_size,
+        )
+    return make(
+        engine_id=engine_id,
+        num_blocks=num_chunks,
+        rank=rank,
+        kv_bytes_per_block=kv_bytes_per_chunk,
+        cpu_page_size=cpu_page_size,
+    )
 
 
-def request_key_positions(ctx: Any) -> dict | None:
+def request_key_positions(ctx: ReqContext) -> dict[bytes, int] | None:
     """Every offload key vLLM recorded for a request, in prefix order (0.32+;
     None on 0.29). vLLM offers no public accessor for the whole map, so this
     is the one private field raykv reads; it is only a lookup hint."""
@@ -135,20 +182,20 @@ def carry_cache_salt() -> bool:
     if getattr(create, "_raykv_carries_salt", False):
         return True
 
-    def create_req_context(req: Any) -> Any:
-        ctx = create(req)
+    @functools.wraps(create)
+    def create_req_context(req: object) -> ReqContext:
+        ctx: ReqContext = create(req)
         salt = getattr(req, "cache_salt", None)
         if salt is not None and getattr(ctx, "cache_salt", None) is None and hasattr(ctx, "set_state"):
             ctx.set_state(RequestSalt(str(salt)))
         return ctx
 
-    create_req_context._raykv_carries_salt = True  # type: ignore[attr-defined]
-    create_req_context.__wrapped__ = create  # type: ignore[attr-defined]
-    module._create_req_context = create_req_context
+    vars(create_req_context)["_raykv_carries_salt"] = True
+    vars(module)["_create_req_context"] = create_req_context
     return True
 
 
-def request_salt(ctx: Any) -> str | None:
+def request_salt(ctx: ReqContext) -> str | None:
     """A vLLM ``ReqContext``'s ``cache_salt``: its own field where the release
     has one, else what ``carry_cache_salt`` kept in its state."""
     salt = getattr(ctx, "cache_salt", None)

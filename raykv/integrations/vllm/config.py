@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from raykv.core.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
+from raykv.core.wire import JsonValue
+
+if TYPE_CHECKING:
+    from raykv.config.options import RaykvConfig
 
 #: ``weights_fingerprint`` modes (``raykv.integrations.vllm.identity``; kept
 #: here so building a config needs no vLLM).
@@ -22,10 +27,10 @@ _RESERVED = {"spec_name", "spec_module_path", "cpu_bytes_to_use", "secondary_tie
 
 
 def kv_transfer_config(
-    secondary_tiers: list[dict[str, Any]] | None = None,
+    secondary_tiers: Sequence[Mapping[str, JsonValue]] | None = None,
     cpu_bytes: int = DEFAULT_CPU_BYTES,
-    **extra: Any,
-) -> dict[str, Any]:
+    **extra: JsonValue,
+) -> dict[str, JsonValue]:
     """The `kv_transfer_config` dict for `vllm.LLM(...)` / Ray Serve `engine_kwargs`.
 
     Args:
@@ -68,7 +73,7 @@ def kv_transfer_config(
     }
 
 
-def check_primary_fits(cpu_bytes: Any, kv_bytes_per_chunk: int, num_chunks: int) -> None:
+def check_primary_fits(cpu_bytes: object, kv_bytes_per_chunk: int, num_chunks: int) -> None:
     """A CPU primary must hold at least one KV chunk (what vLLM's spec computed
     for this model: ``num_chunks`` of ``kv_bytes_per_chunk`` bytes)."""
     if kv_bytes_per_chunk > 0 and num_chunks < 1:
@@ -90,20 +95,24 @@ ADAPTERS = {
 GENERIC_ADAPTER = "RaykvTier"
 
 
-def vllm_tier_entry(tier: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
+def vllm_tier_entry(tier: Mapping[str, JsonValue], namespace: str | None = None) -> dict[str, JsonValue]:
     """vLLM's ``secondary_tiers`` entry for one (validated) raykv tier config."""
     options = {k: v for k, v in tier.items() if k not in ("type", "module_path")}
     if tier.get("module_path"):  # an out-of-tree raykv tier
-        entry = {"type": GENERIC_ADAPTER, "raykv_type": tier["type"], "raykv_module_path": tier["module_path"]}
+        entry: dict[str, JsonValue] = {
+            "type": GENERIC_ADAPTER,
+            "raykv_type": tier["type"],
+            "raykv_module_path": tier["module_path"],
+        }
     else:
-        entry = {"type": ADAPTERS[tier["type"]]}
+        entry = {"type": ADAPTERS[str(tier["type"])]}
     entry["module_path"] = ADAPTER_MODULE
     if namespace is not None and "namespace" not in options and _has_namespace_option(tier):
         options["namespace"] = namespace
     return {**entry, **copy.deepcopy(options)}
 
 
-def _has_namespace_option(tier: dict[str, Any]) -> bool:
+def _has_namespace_option(tier: Mapping[str, JsonValue]) -> bool:
     from raykv.core.factory import TierFactory
 
     schema = getattr(TierFactory.get_tier_class(tier), "Options", None)
@@ -111,15 +120,15 @@ def _has_namespace_option(tier: dict[str, Any]) -> bool:
 
 
 def raykv_kv_transfer_config(
-    config: Any = None,
+    config: RaykvConfig | Mapping[str, object] | None = None,
     *,
     cpu_bytes: int = DEFAULT_CPU_BYTES,
-    vllm_tiers: list[dict[str, Any]] | None = None,
+    vllm_tiers: Sequence[Mapping[str, JsonValue]] | None = None,
     ray_address: str | None = None,
     model_revision: str | None = None,
     weights_fingerprint: str | None = None,
-    **extra: Any,
-) -> dict[str, Any]:
+    **extra: JsonValue,
+) -> dict[str, JsonValue]:
     """vLLM's ``kv_transfer_config`` for a raykv config (a ``RaykvConfig``, or its
     dict: ``{"namespace": ..., "tiers": [{"type": "object_store"}, {"type": "fs",
     "root": ...}]}``).

@@ -34,9 +34,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raykv.metrics.catalog import record
+
+if TYPE_CHECKING:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+    from vllm.v1.kv_offload.base import (
+        OffloadingManager,
+        OffloadingMetricMetadata,
+        OffloadKey,
+        PrepareStoreOutput,
+        ReqContext,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +60,7 @@ DOCUMENTATION = (
 METRIC = "raykv_cascade_dropped_blocks"
 
 
-def metric_definitions() -> dict[str, Any]:
+def metric_definitions() -> dict[str, OffloadingMetricMetadata]:
     """The vLLM metric definition of ``SERIES`` (for the spec's ``build_metric_definitions``)."""
     from vllm.v1.kv_offload.base import OffloadingCounterMetadata
 
@@ -67,27 +77,27 @@ class CascadeDropCounter:
     (the count in vLLM's metrics) are watched.
     """
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: OffloadingManager) -> None:
         self._manager = manager
-        self._refused: dict[str, set[Any]] = {}
+        self._refused: dict[str, set[OffloadKey]] = {}
         self._lock = threading.Lock()
         self.dropped_blocks = 0  # ever (tools, tests)
         self._reported = 0  # already handed to vLLM's stats
         self._tags: dict[str, str] | None = None
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._manager, name)
 
     # -- watched calls -------------------------------------------------------
-    def prepare_store(self, keys: Collection[Any], *args: Any, **kwargs: Any) -> Any:
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext) -> PrepareStoreOutput | None:
         keys = list(keys)
-        out = self._manager.prepare_store(keys, *args, **kwargs)
-        req_id = _req_id(args, kwargs)
+        out = self._manager.prepare_store(keys, req_context)
+        req_id = _req_id(req_context)
         if req_id is None:
             return out
         with self._lock:
             if out is None:
-                missing = [k for k in keys if not self._in_primary(k, args, kwargs)]
+                missing = [k for k in keys if not self._in_primary(k, req_context)]
                 if missing:
                     self._refused.setdefault(req_id, set()).update(missing)
             elif req_id in self._refused:
@@ -95,28 +105,27 @@ class CascadeDropCounter:
                 self._refused[req_id].difference_update(keys)
         return out
 
-    def on_request_finished(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._manager.on_request_finished(*args, **kwargs)
-        req_id = _req_id(args, kwargs)
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._manager.on_request_finished(req_context)
+        req_id = _req_id(req_context)
         if req_id is None:
-            return out
+            return
         with self._lock:
             refused = self._refused.pop(req_id, None)
             # The connector calls this once every store of the request was
             # offered; a key another request stored meanwhile is not lost.
-            dropped = sum(1 for k in refused or () if not self._in_primary(k, args, kwargs))
+            dropped = sum(1 for k in refused or () if not self._in_primary(k, req_context))
             self.dropped_blocks += dropped
         if dropped:
             record(METRIC, dropped, self._metric_tags())
-        return out
 
-    def reset_cache(self, *args: Any, **kwargs: Any) -> Any:
+    def reset_cache(self) -> None:
         with self._lock:
             self._refused.clear()
-        return self._manager.reset_cache(*args, **kwargs)
+        self._manager.reset_cache()
 
-    def get_stats(self, *args: Any, **kwargs: Any) -> Any:
-        stats = self._manager.get_stats(*args, **kwargs)
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        stats = self._manager.get_stats()
         with self._lock:
             delta, self._reported = self.dropped_blocks - self._reported, self.dropped_blocks
         if delta <= 0:
@@ -132,15 +141,14 @@ class CascadeDropCounter:
         return stats
 
     # -- helpers -------------------------------------------------------------
-    def _in_primary(self, key: Any, args: tuple, kwargs: dict) -> bool:
+    def _in_primary(self, key: OffloadKey, req_context: ReqContext) -> bool:
         """Whether vLLM's CPU primary holds ``key`` (written or being written).
         ``lookup`` of vLLM's CPU manager only reads its table."""
         primary = getattr(self._manager, "primary_tier", None)
-        ctx = args[0] if args else kwargs.get("req_context")
-        if primary is None or ctx is None:
+        if primary is None:
             return False
         try:
-            return primary.lookup(key, ctx).name != "MISS"
+            return bool(primary.lookup(key, req_context).name != "MISS")
         except Exception:
             return False
 
@@ -156,7 +164,6 @@ class CascadeDropCounter:
         return self._tags
 
 
-def _req_id(args: tuple, kwargs: dict) -> str | None:
-    """The request id of a manager call's ``req_context`` (None on releases without one)."""
-    ctx = args[0] if args else kwargs.get("req_context")
-    return getattr(ctx, "req_id", None)
+def _req_id(req_context: ReqContext | None) -> str | None:
+    """The request id of a manager call's ``req_context``."""
+    return getattr(req_context, "req_id", None)

@@ -16,6 +16,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
 
 _setup_lock = threading.Lock()
 _hash_fns: dict[str, Callable[[object], bytes]] = {}
@@ -40,7 +44,7 @@ def _salt_extra_keys(cache_salt: str, block_tokens: int) -> tuple[object, ...] |
     from vllm.v1.core import kv_cache_utils
 
     stand_in = SimpleNamespace(mm_features=[], lora_request=None, cache_salt=cache_salt, prompt_embeds=None)
-    extra, _ = kv_cache_utils.generate_block_hash_extra_keys(stand_in, 0, block_tokens, 0)
+    extra, _ = kv_cache_utils.generate_block_hash_extra_keys(cast("Request", stand_in), 0, block_tokens, 0)
     return extra
 
 

@@ -26,10 +26,14 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from raykv.core.identity import KVIdentity
+from raykv.core.wire import JsonValue
 from raykv.integrations.vllm.config import FINGERPRINT_MODES
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +45,14 @@ _cache_lock = threading.Lock()
 
 
 def engine_identity(
-    spec: Any,
+    spec: OffloadingSpec,
     chunk_bytes: int,
-    model_revision: str | None = None,
-    weights_fingerprint: str = "stat",
+    model_revision: object = None,
+    weights_fingerprint: object = "stat",
 ) -> KVIdentity:
-    """The ``KVIdentity`` of the engine that built ``spec`` (vLLM's ``OffloadingSpec``)."""
-    if weights_fingerprint not in FINGERPRINT_MODES:
+    """The ``KVIdentity`` of the engine that built ``spec`` (vLLM's ``OffloadingSpec``).
+    ``model_revision`` and ``weights_fingerprint`` are checked here (they come from tier configs)."""
+    if not isinstance(weights_fingerprint, str) or weights_fingerprint not in FINGERPRINT_MODES:
         raise ValueError(
             f"weights_fingerprint: must be one of {', '.join(FINGERPRINT_MODES)}; got {weights_fingerprint!r}"
         )
@@ -57,7 +62,7 @@ def engine_identity(
 
     config = spec.config
     parallel = config.parallel
-    layout: dict[str, Any] = {
+    layout: dict[str, JsonValue] = {
         "engine": "vllm-" + ".".join(str(vllm.__version__).split(".")[:2]),
         "dtype": str(config.model.dtype),
         "tokens_per_hash": int(config.cache.tokens_per_hash),

@@ -23,14 +23,18 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 import ray
+from ray.actor import ActorClass, ActorHandle
 
 from raykv.core.node import process_node_id
 from raykv.holders import engine_cache
 from raykv.integrations.vllm.plugin import OWNER_ENV
+
+if TYPE_CHECKING:
+    from vllm.config.kv_events import KVEventsConfig
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ logger = logging.getLogger(__name__)
 ENGINE_MEDIA = (None, "GPU", "gpu")
 
 
-def connect_endpoint(kv_events_config: Any) -> str | None:
+def connect_endpoint(kv_events_config: KVEventsConfig | None) -> str | None:
     """Where to subscribe to the engine's KV events (None: not published over ZeroMQ)."""
     if kv_events_config is None or not getattr(kv_events_config, "enable_kv_cache_events", False):
         return None
@@ -78,11 +82,15 @@ class EngineEventsBridge:
         self.info = engine_cache.holder_info(namespace, node_id, os.environ.get(OWNER_ENV) or None)
         # Owned by this process (not detached): it dies with the engine, and the
         # directory, which watches it, drops the engine's blocks at once.
-        self.actor = engine_cache.EngineCacheActor.options(
+        # mypy does not apply class decorators: @ray.remote made the class an ActorClass.
+        actor_class = cast("ActorClass[engine_cache.EngineCacheActor]", engine_cache.EngineCacheActor)
+        actor = actor_class.options(
             name=self.info.actor_name,
             namespace=namespace,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
-        ).remote(self.info.to_dict(), namespace)
+        ).remote(self.info, namespace)
+        assert isinstance(actor, ActorHandle)  # Ray's stubs also allow the class itself
+        self.actor: ActorHandle = actor
         self.batches = 0
         self.errors = 0
         self._parent = os.getppid()
@@ -116,7 +124,7 @@ class EngineEventsBridge:
         import zmq
         from vllm.distributed.kv_events import KVEventBatch
 
-        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         sub.setsockopt(zmq.LINGER, 0)
         sub.connect(self.endpoint)
@@ -125,7 +133,7 @@ class EngineEventsBridge:
         stored: dict[bytes, None] = {}
         removed: set[bytes] = set()
         cleared = False
-        inflight: Any = None
+        inflight: ray.ObjectRef[int] | None = None
         try:
             while not self._stop.is_set():
                 if os.getppid() != self._parent:
@@ -163,7 +171,7 @@ class EngineEventsBridge:
         finally:
             sub.close(0)
 
-    def _fold(self, events: list[Any], stored: dict[bytes, None], removed: set[bytes]) -> bool:
+    def _fold(self, events: Sequence[object], stored: dict[bytes, None], removed: set[bytes]) -> bool:
         """Fold one step's events into the pending sets, in order; True when the cache was cleared."""
         cleared = False
         for event in events:
@@ -175,7 +183,7 @@ class EngineEventsBridge:
                 continue
             if getattr(event, "medium", None) not in ENGINE_MEDIA:
                 continue
-            keys = engine_cache.engine_keys(self.tag, event.block_hashes)
+            keys = engine_cache.engine_keys(self.tag, getattr(event, "block_hashes", None) or ())
             if kind == "BlockStored":
                 for k in keys:
                     removed.discard(k)

@@ -15,14 +15,17 @@ from raykv.integrations.vllm import require_vllm
 
 require_vllm()
 
-from typing import Any  # noqa: E402
+from typing import cast  # noqa: E402
 
 from typing_extensions import override  # noqa: E402
 from vllm.platforms import current_platform  # noqa: E402
-from vllm.v1.kv_offload.base import CanonicalKVCaches, OffloadingWorker  # noqa: E402
-from vllm.v1.kv_offload.cpu.shared_offload_region import (  # noqa: E402
-    SharedOffloadRegion,
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    CanonicalKVCaches,
+    OffloadingManager,
+    OffloadingMetricMetadata,
+    OffloadingWorker,
 )
+from vllm.v1.kv_offload.config import OffloadingConfig  # noqa: E402
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 
 from raykv.integrations.vllm import compat  # noqa: E402
@@ -40,24 +43,25 @@ def _has_async_worker() -> bool:
 class RaykvOffloadingSpec(TieringOffloadingSpec):
     """`TieringOffloadingSpec` whose worker also works on vLLM's CPU backend."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: OffloadingConfig) -> None:
         super().__init__(config)
         check_primary_fits(
             self.extra_config.get("cpu_bytes_to_use"), self.kv_bytes_per_chunk, compat.spec_num_chunks(self)
         )
 
     @classmethod
-    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+    def build_metric_definitions(cls, extra_config: dict[str, object]) -> dict[str, OffloadingMetricMetadata]:
         """vLLM's tiering metrics plus raykv's count of blocks the cascade dropped."""
         return {**super().build_metric_definitions(extra_config), **metric_definitions()}
 
     @override
-    def get_manager(self) -> Any:
+    def get_manager(self) -> OffloadingManager:
         """vLLM's tiering manager, counting the blocks the full primary refused (the same object on every call)."""
-        counter = getattr(self, "_raykv_drop_counter", None)
+        counter: CascadeDropCounter | None = getattr(self, "_raykv_drop_counter", None)
         if counter is None:
             counter = self._raykv_drop_counter = CascadeDropCounter(super().get_manager())
-        return counter
+        # It forwards every attribute to vLLM's manager: the connector sees that manager's API.
+        return cast(OffloadingManager, counter)
 
     @override
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
@@ -67,7 +71,8 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
             # The plugin asks too, but only where raykv is installed (an entry point):
             # a worker with raykv on PYTHONPATH alone must not die on its first pass.
             request_amx_permission()
-            self._worker = self._create_sync_worker(kv_caches)  # type: ignore[assignment]
+            self._worker = self._create_sync_worker(kv_caches)  # type: ignore[assignment]  # vLLM types it as its own CPU worker
+        assert self._worker is not None
         return self._worker
 
     def _create_sync_worker(self, kv_caches: CanonicalKVCaches) -> SyncCopyOffloadingWorker:
@@ -80,7 +85,6 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
         # so the scheduler-side primary tier sees what this worker writes.
         rank = 0 if self.replicated_layout else self.config.parallel.rank
         region = compat.shared_region(
-            SharedOffloadRegion,
             engine_id=self._engine_id,
             num_chunks=compat.spec_num_chunks(self),
             rank=rank,

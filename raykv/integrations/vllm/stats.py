@@ -12,13 +12,18 @@ its polls and lookup waits, and the RETRY answers of each finished request.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
-from vllm.v1.kv_offload.base import OffloadingCounterMetadata, OffloadingHistogramMetadata
+from vllm.v1.kv_offload.base import (
+    OffloadingCounterMetadata,
+    OffloadingHistogramMetadata,
+    OffloadingMetricMetadata,
+)
+from vllm.v1.metrics.reader import Counter, Gauge, Histogram, Metric
 
-from raykv.metrics.step_cost import RETRY_BOUNDARIES, STEP_BOUNDARIES
+from raykv.metrics.recorders import TierMetrics
+from raykv.metrics.step_cost import RETRY_BOUNDARIES, STEP_BOUNDARIES, StepCost
 
 #: raykv engine-side total (``TierMetrics.totals``) -> vLLM series, description.
 COUNTERS = {
@@ -53,11 +58,11 @@ class TierStats:
 
     def __init__(self, tier_type: str) -> None:
         self.labels = (tier_type,)
-        self._seen: dict[Any, int] = {}
+        self._seen: dict[str | tuple[str, str], int] = {}
 
     @staticmethod
-    def definitions() -> dict[str, Any]:
-        defs: dict[str, Any] = {
+    def definitions() -> dict[str, OffloadingMetricMetadata]:
+        defs: dict[str, OffloadingMetricMetadata] = {
             name: OffloadingCounterMetadata(documentation=doc, labelnames=("tier",)) for name, doc in COUNTERS.values()
         }
         defs[FAILURES] = OffloadingCounterMetadata(
@@ -74,7 +79,7 @@ class TierStats:
         )
         return defs
 
-    def take(self, metrics: Any, step_cost: Any = None) -> OffloadingConnectorStats | None:
+    def take(self, metrics: TierMetrics | None, step_cost: StepCost | None = None) -> OffloadingConnectorStats | None:
         """Deltas since the last call of ``metrics`` (a ``raykv.metrics.recorders.TierMetrics``)
         and, from the engine's one reporting tier, of ``step_cost`` (a ``raykv.metrics.step_cost.StepCost``)."""
         stats = OffloadingConnectorStats()
@@ -94,14 +99,21 @@ class TierStats:
                 stats.observe_histogram(REQUEST_RETRIES, n)
         return None if stats.is_empty() else stats
 
-    def _add(self, stats: OffloadingConnectorStats, series: str, key: Any, total: int, labels: tuple) -> None:
+    def _add(
+        self,
+        stats: OffloadingConnectorStats,
+        series: str,
+        key: str | tuple[str, str],
+        total: int,
+        labels: tuple[str, ...],
+    ) -> None:
         delta = total - self._seen.get(key, 0)
         if delta > 0:
             self._seen[key] = total
             stats.increase_counter(series, delta, labels)
 
 
-def _quantile(buckets: dict[Any, Any], count: float, q: float) -> float | None:
+def _quantile(buckets: Mapping[str, float], count: float, q: float) -> float | None:
     """The upper bound of the bucket holding quantile ``q`` (vLLM's cumulative buckets)."""
     if count <= 0:
         return None
@@ -112,7 +124,7 @@ def _quantile(buckets: dict[Any, Any], count: float, q: float) -> float | None:
     return float("inf")
 
 
-def read_step_cost(metrics: Iterable[Any]) -> dict[str, float | None]:
+def read_step_cost(metrics: Iterable[Metric]) -> dict[str, float | None]:
     """raykv's cost in an engine, from ``LLM.get_metrics()`` (the ``vllm:raykv_engine_*``
     and ``vllm:raykv_request_retries`` series, summed over engines): steps, seconds
     in raykv (total, mean per step, p50 / p99 per step as bucket upper bounds),
@@ -122,14 +134,14 @@ def read_step_cost(metrics: Iterable[Any]) -> dict[str, float | None]:
     step_count = step_sum = req_count = req_sum = 0.0
     series = {name: key for key, (name, _) in ENGINE_COUNTERS.items()}
     for m in metrics:
-        if m.name in series and hasattr(m, "value"):
+        if m.name in series and isinstance(m, (Counter, Gauge)):
             out[series[m.name]] = (out[series[m.name]] or 0.0) + float(m.value)
-        elif m.name == STEP_SECONDS and hasattr(m, "buckets"):
+        elif m.name == STEP_SECONDS and isinstance(m, Histogram):
             step_count += float(m.count)
             step_sum += float(m.sum)
             for le, n in m.buckets.items():
                 steps_hist[le] = steps_hist.get(le, 0.0) + float(n)
-        elif m.name == REQUEST_RETRIES and hasattr(m, "buckets"):
+        elif m.name == REQUEST_RETRIES and isinstance(m, Histogram):
             req_count += float(m.count)
             req_sum += float(m.sum)
     # LLM.get_metrics() reads counters as ints: raykv's seconds come from the

@@ -25,25 +25,29 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import weakref
 from collections.abc import Collection, Iterable
 from time import perf_counter_ns as _now
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from raykv.integrations.vllm import require_vllm
 
 require_vllm()
 
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (  # noqa: E402
+    OffloadingConnectorStats,
+)
 from vllm.v1.kv_offload.base import (  # noqa: E402
     Locality,
     LookupResult,
     Medium,
     OffloadingEvent,
+    OffloadingMetricMetadata,
+    OffloadingSpec,
     OffloadKey,
-    OffloadPolicy,
     ReqContext,
     RequestOffloadingContext,
+    ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
     JobResult,
@@ -54,32 +58,49 @@ from vllm.v1.kv_offload.tiering.base import (  # noqa: E402
 from raykv.core import contract  # noqa: E402
 from raykv.core.factory import TierFactory  # noqa: E402
 from raykv.core.identity import KVIdentity  # noqa: E402
-from raykv.core.validate import request_params, request_tenant_value  # noqa: E402
+from raykv.core.wire import JsonValue  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
+from raykv.integrations.vllm.convert import (  # noqa: E402
+    to_raykv_context,
+    to_raykv_job,
+    to_raykv_key,
+    to_raykv_keys,
+    to_vllm_events,
+    to_vllm_lookup,
+    to_vllm_request_context,
+    to_vllm_results,
+)
 from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
 from raykv.integrations.vllm.kv_events import EngineEventsBridge, connect_endpoint  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
 from raykv.metrics.step_cost import StepCost  # noqa: E402
 from raykv.services.cluster import ensure_ray  # noqa: E402
 
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # 0.32+
+
+__all__ = [
+    "RaykvExampleTier",
+    "RaykvFsTier",
+    "RaykvObjectStoreTier",
+    "RaykvTier",
+    "engine_step_cost",
+    "to_raykv_context",
+]
+
 logger = logging.getLogger(__name__)
 
 
-_LOOKUP = {r.name: LookupResult[r.name] for r in contract.LookupResult}
-_POLICY = {
-    contract.OffloadPolicy.CHUNK_LEVEL: compat.CHUNK_LEVEL,
-    contract.OffloadPolicy.REQUEST_LEVEL: OffloadPolicy.REQUEST_LEVEL,
-}
 #: Adapter options (not the raykv tier's); the kv_connector_extra_config
 #: keys ``raykv_<name>`` give engine-wide defaults.
 _IDENTITY_OPTIONS = ("model_revision", "weights_fingerprint")
 
 
 #: One ``StepCost`` per engine: its tiers share the engine's ``offloading_spec``.
-_ENGINE_COSTS: weakref.WeakKeyDictionary[Any, StepCost] = weakref.WeakKeyDictionary()
+_ENGINE_COSTS: weakref.WeakKeyDictionary[OffloadingSpec, StepCost] = weakref.WeakKeyDictionary()
 
 
-def engine_step_cost(offloading_spec: Any, node: Any = None) -> StepCost:
+def engine_step_cost(offloading_spec: OffloadingSpec, node: str | None = None) -> StepCost:
     """The step meter of the engine that ``offloading_spec`` configures
     (one per engine, shared by its raykv tiers; ``raykv.metrics.step_cost``)."""
     try:
@@ -91,31 +112,41 @@ def engine_step_cost(offloading_spec: Any, node: Any = None) -> StepCost:
         return StepCost(node)
 
 
-def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
-    """raykv's view of a vLLM request; made once per request and kept in the
-    request's state (vLLM's public ``get_state`` / ``set_state``).
+def _str_option(value: JsonValue) -> str | None:
+    """An adapter option that names something (None when unset)."""
+    return None if value is None or value == "" else str(value)
 
-    The tenant comes from ``kv_transfer_params["tenant"]`` (it scopes the
-    request's keys: ``raykv.core.tenants``), else from the request's ``cache_salt``
-    (vLLM mixes it into its block hashes already; it reaches the tier through
-    ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). Odd
-    ``kv_transfer_params`` (not a dict) are treated as none.
-    """
-    cached = ctx.get_state(contract.ReqContext)
-    if cached is not None:
-        return cached
-    params = request_params(ctx.kv_transfer_params)  # a mapping or None, whatever the request sent
-    salt = compat.request_salt(ctx)
-    positions = compat.request_key_positions(ctx)
-    out = contract.ReqContext(
-        req_id=ctx.req_id,
-        kv_transfer_params=params,
-        tenant=request_tenant_value(params.get("tenant")) if params else None,
-        prefix_keys=(lambda: list(positions)) if isinstance(positions, dict) else None,
-        cache_salt=salt,
-    )
-    ctx.set_state(out)
-    return out
+
+def forward_engine_events(
+    offloading_spec: OffloadingSpec, raykv_tier: contract.SecondaryTier, raykv_type: str, tag: bytes
+) -> EngineEventsBridge | None:
+    """With vLLM's KV events on, record this engine's own cache in the
+    directory (``raykv.holders.engine_cache``; for request routers). Where to read
+    them: ``raykv_engine_events`` (``{"endpoint", "topic"}``) in the
+    connector's extra config (``raykv.serve`` writes it), else vLLM's own
+    ``kv_events_config`` when this process has it. One bridge per engine
+    process, whichever tier asks first."""
+    services = getattr(raykv_tier, "services", None)
+    if services is None:
+        return None
+    extra = dict(getattr(offloading_spec, "extra_config", None) or {})
+    where = extra.get("raykv_engine_events")
+    endpoint: str | None
+    if isinstance(where, dict) and where.get("endpoint"):
+        endpoint, topic = str(where["endpoint"]), str(where.get("topic") or "")
+    else:
+        from vllm.config import get_current_vllm_config_or_none
+
+        events_config = getattr(get_current_vllm_config_or_none(), "kv_events_config", None)
+        endpoint = connect_endpoint(events_config)
+        topic = str(getattr(events_config, "topic", "") or "")
+    if not endpoint:
+        return None
+    bridge = EngineEventsBridge.start_for(services.config.namespace, endpoint, topic, tag)
+    metrics = getattr(raykv_tier, "metrics", None)
+    if metrics is not None:
+        bridge.count_loads(raykv_type, lambda: metrics.totals.get("raykv_blocks_loaded", 0))
+    return bridge
 
 
 class RaykvTier(SecondaryTierManager):
@@ -137,15 +168,15 @@ class RaykvTier(SecondaryTierManager):
 
     def __init__(
         self,
-        offloading_spec: Any,
+        offloading_spec: OffloadingSpec,
         primary_kv_view: memoryview,
         tier_type: str,
-        backpressure_detector: Any = None,
-        **options: Any,
+        backpressure_detector: BackpressureDetector | None = None,
+        **options: JsonValue,
     ) -> None:
         compat.init_tier_manager(self, offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        raykv_type = options.pop("raykv_type", None) or self.raykv_type
-        module_path = options.pop("raykv_module_path", None)
+        raykv_type = _str_option(options.pop("raykv_type", None)) or self.raykv_type
+        module_path = _str_option(options.pop("raykv_module_path", None))
         if not raykv_type:
             raise ValueError(f"secondary tier {tier_type!r}: raykv_type is required for {type(self).__name__}")
         extra = dict(getattr(offloading_spec, "extra_config", None) or {})
@@ -153,7 +184,9 @@ class RaykvTier(SecondaryTierManager):
         explicit = options.pop("identity", None)
         kv_events = options.pop("kv_events", None)
         engine_cache = options.pop("engine_cache", True)
-        ensure_ray(options.pop("ray_address", None) or os.environ.get("RAY_ADDRESS"))
+        if not isinstance(engine_cache, bool):
+            raise ValueError(f"engine_cache: must be true or false, got {engine_cache!r}")
+        ensure_ray(_str_option(options.pop("ray_address", None)) or os.environ.get("RAY_ADDRESS"))
         if not compat.carry_cache_salt():
             logger.warning(
                 "vLLM %s: request cache_salt does not reach raykv tiers (quotas by salt off)", compat.version()
@@ -163,12 +196,12 @@ class RaykvTier(SecondaryTierManager):
             if explicit is not None
             else engine_identity(
                 offloading_spec,
-                chunk_bytes=primary_kv_view.strides[0],
+                chunk_bytes=(primary_kv_view.strides or (0,))[0],
                 model_revision=ident["model_revision"],
                 weights_fingerprint=ident["weights_fingerprint"] or "stat",
             )
         )
-        config = {"type": raykv_type, **options}
+        config: dict[str, JsonValue] = {"type": raykv_type, **options}
         if module_path:
             config["module_path"] = module_path
         self.raykv_tier: contract.SecondaryTier = TierFactory.create_tier(
@@ -179,7 +212,11 @@ class RaykvTier(SecondaryTierManager):
             kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))
         if kv_events and hasattr(self.raykv_tier, "enable_events"):
             self.raykv_tier.enable_events()
-        self.engine_events = self._forward_engine_events(offloading_spec, engine_cache)
+        self.engine_events = (
+            forward_engine_events(offloading_spec, self.raykv_tier, raykv_type, self.identity.tag)
+            if engine_cache
+            else None
+        )
         self._stats = TierStats(tier_type)
         self._locality = Locality.LOCAL
         # raykv's time on the scheduler thread: every contract method below adds
@@ -198,75 +235,34 @@ class RaykvTier(SecondaryTierManager):
             self.identity.tag_hex,
         )
 
-    def _forward_engine_events(self, offloading_spec: Any, enabled: Any) -> EngineEventsBridge | None:
-        """With vLLM's KV events on, record this engine's own cache in the
-        directory (``raykv.holders.engine_cache``; for request routers). Where to read
-        them: ``raykv_engine_events`` (``{"endpoint", "topic"}``) in the
-        connector's extra config (``raykv.serve`` writes it), else vLLM's own
-        ``kv_events_config`` when this process has it. One bridge per engine
-        process, whichever tier asks first."""
-        if enabled is not True:
-            if enabled is not False:
-                raise ValueError(f"engine_cache: must be true or false, got {enabled!r}")
-            return None
-        services = getattr(self.raykv_tier, "services", None)
-        if services is None:
-            return None
-        extra = dict(getattr(offloading_spec, "extra_config", None) or {})
-        where = extra.get("raykv_engine_events")
-        if isinstance(where, dict) and where.get("endpoint"):
-            endpoint, topic = str(where["endpoint"]), str(where.get("topic") or "")
-        else:
-            from vllm.config import get_current_vllm_config_or_none
-
-            events_config = getattr(get_current_vllm_config_or_none(), "kv_events_config", None)
-            endpoint = connect_endpoint(events_config)
-            topic = str(getattr(events_config, "topic", "") or "")
-        if not endpoint:
-            return None
-        bridge = EngineEventsBridge.start_for(services.config.namespace, endpoint, topic, self.identity.tag)
-        metrics = getattr(self.raykv_tier, "metrics", None)
-        if metrics is not None:
-            bridge.count_loads(self.raykv_type, lambda: metrics.totals.get("raykv_blocks_loaded", 0))
-        return bridge
-
     # -- contract ------------------------------------------------------------
     # Each method adds its time to the engine's step meter (two clock reads;
     # ``raykv.metrics.step_cost``): that sum per step is raykv's cost on the scheduler thread.
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         t0 = _now()
         try:
-            return _LOOKUP[self.raykv_tier.lookup(key, to_raykv_context(req_context)).name]
+            return to_vllm_lookup(self.raykv_tier.lookup(to_raykv_key(key), to_raykv_context(req_context)))
         finally:
             self.step_cost.ns += _now() - t0
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         t0 = _now()
         try:
-            self.raykv_tier.submit_store(self._job(job_metadata))
+            self.raykv_tier.submit_store(to_raykv_job(job_metadata))
         finally:
             self.step_cost.ns += _now() - t0
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         t0 = _now()
         try:
-            self.raykv_tier.submit_load(self._job(job_metadata))
+            self.raykv_tier.submit_load(to_raykv_job(job_metadata))
         finally:
             self.step_cost.ns += _now() - t0
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         t0 = _now()
         try:
-            return [
-                compat.job_result(
-                    job_id=r.job_id,
-                    success=r.success,
-                    successful_keys=r.successful_keys,
-                    transfer_time=r.transfer_time,
-                    transfer_bytes=r.transfer_bytes,
-                )
-                for r in self.raykv_tier.get_finished_jobs()
-            ]
+            return to_vllm_results(self.raykv_tier.get_finished_jobs())
         finally:
             self.step_cost.ns += _now() - t0
 
@@ -280,15 +276,14 @@ class RaykvTier(SecondaryTierManager):
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         t0 = _now()
         try:
-            self.raykv_tier.touch(keys, to_raykv_context(req_context))
+            self.raykv_tier.touch(to_raykv_keys(keys), to_raykv_context(req_context))
         finally:
             self.step_cost.ns += _now() - t0
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         t0 = _now()
         try:
-            decided = self.raykv_tier.on_new_request(to_raykv_context(req_context))
-            return RequestOffloadingContext(policy=_POLICY[decided.policy])
+            return to_vllm_request_context(self.raykv_tier.on_new_request(to_raykv_context(req_context)))
         finally:
             self.step_cost.ns += _now() - t0
 
@@ -301,7 +296,7 @@ class RaykvTier(SecondaryTierManager):
         finally:
             self.step_cost.ns += _now() - t0
 
-    def on_schedule_end(self, context: Any = None) -> None:
+    def on_schedule_end(self, context: ScheduleEndContext | None = None) -> None:
         cost = self.step_cost
         t0 = _now()
         try:
@@ -323,25 +318,18 @@ class RaykvTier(SecondaryTierManager):
         holding (vLLM publishes them to its KV-event consumers)."""
         t0 = _now()
         try:
-            return [
-                OffloadingEvent(
-                    keys=list(e.keys),
-                    medium=self.medium,
-                    removed=e.removed,
-                    locality=self._locality,
-                    ownership=self.tier_type,
-                )
-                for e in self.raykv_tier.take_events()
-            ]
+            # vLLM's event publisher needs a medium: an out-of-tree tier without one reports CPU.
+            medium = self.medium if self.medium is not None else Medium.CPU
+            return to_vllm_events(self.raykv_tier.take_events(), medium, self._locality, self.tier_type)
         finally:
             self.step_cost.ns += _now() - t0
 
     @classmethod
-    def build_metric_definitions(cls, extra_config: dict[str, Any]) -> dict[str, Any]:
+    def build_metric_definitions(cls, extra_config: dict[str, object]) -> dict[str, OffloadingMetricMetadata]:
         """raykv's per-tier series in vLLM's own metrics (``vllm:raykv_*``)."""
         return TierStats.definitions()
 
-    def get_stats(self) -> Any:
+    def get_stats(self) -> OffloadingConnectorStats | None:
         """What this tier counted since the last call, as vLLM connector stats;
         the engine's step and request costs ride with its last raykv tier's."""
         t0 = _now()
@@ -359,17 +347,6 @@ class RaykvTier(SecondaryTierManager):
         if self.engine_events is not None:
             self.engine_events.stop()
         self.raykv_tier.shutdown()
-
-    @staticmethod
-    def _job(job: TransferJob) -> contract.TransferJob:
-        return contract.TransferJob(
-            job_id=job.job_id,
-            keys=job.keys,
-            chunk_ids=compat.job_slots(job),
-            is_promotion=job.is_promotion,
-            req_context=to_raykv_context(job.req_context),
-            submit_time=getattr(job, "submit_time", None) or time.monotonic(),
-        )
 
 
 class RaykvObjectStoreTier(RaykvTier):

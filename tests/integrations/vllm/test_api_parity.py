@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from raykv.core import contract  # noqa: E402
 from raykv.engine.primary import PrimaryRegion  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.tiers import RaykvExampleTier, RaykvTier, to_raykv_context  # noqa: E402
+from tests.waiting import wait_until  # noqa: E402
 
 IDENTITY = {"model": "parity-test", "revision": "r1"}
 
@@ -118,10 +118,12 @@ def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
             )
         )
         results: dict[int, object] = {}
-        deadline = time.monotonic() + 10
-        while len(results) < 2 and time.monotonic() < deadline:
+
+        def both_finished() -> bool:
             results.update({r.job_id: r for r in tier.get_finished_jobs()})
-            time.sleep(0.01)
+            return len(results) >= 2
+
+        wait_until(both_finished, timeout_s=10, interval_s=0.01, what="the results of jobs 1 and 2")
         assert type(results[1]) is vtier.JobResult
         assert results[1].success and not results[2].success
         assert tier.lookup(key, ctx) is vbase.LookupResult.HIT
@@ -190,18 +192,24 @@ def test_kv_events_match_the_tiers_holdings_after_stores_and_evictions(ray_local
                     req_context=ctx,
                 )
             )
-            deadline = time.monotonic() + 30
-            done: list = []
-            while not done and time.monotonic() < deadline:
+
+            def finished() -> list:
                 done = list(tier.get_finished_jobs())
                 step()
+                return done
+
+            done = wait_until(finished, timeout_s=30, interval_s=0.01, what=f"store job {job_id} to finish")
             assert done and done[0].success
         actor_keys = set(ray.get(tier.raykv_tier.actor.keys.remote()))
         mine = {k[8:] for k in actor_keys if k[:8] == tier.identity.tag}
-        deadline = time.monotonic() + 10
-        while held != mine and time.monotonic() < deadline:
+
+        def events_caught_up() -> bool:
+            if held == mine:
+                return True
             step()
-            time.sleep(0.01)
+            return False
+
+        wait_until(events_caught_up, timeout_s=10, interval_s=0.01, what="the tier's events to match its actor's keys")
         assert held == mine and 4 <= len(mine) <= 10  # whole packs go
         assert any(e.removed for e in events), "no eviction was reported"
         assert set(keys[-4:]) <= held and not set(keys[:4]) & held

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ import ray
 
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
+from tests.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,14 +78,19 @@ def _counts(llm: Any) -> tuple[int, int]:
 
 
 def _wait_counts(llm: Any, done: Any, timeout: float = 30.0) -> tuple[int, int]:
-    deadline = time.monotonic() + timeout
-    while True:
+    """(dropped, stored) once ``done(dropped, stored)`` holds."""
+    counts = (0, 0)
+
+    def reached() -> bool:
+        nonlocal counts
         counts = _counts(llm)
-        if done(*counts):
-            return counts
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out; (dropped, stored) = {counts}")
-        time.sleep(0.2)
+        return done(*counts)
+
+    try:
+        wait_until(reached, timeout_s=timeout, interval_s=0.2, what="the engine's (dropped, stored) block counts")
+    except WaitTimeout as e:
+        raise AssertionError(f"{e}; (dropped, stored) = {counts}") from None
+    return counts
 
 
 def test_full_primary_drops_are_counted(small_primary_llm) -> None:
@@ -112,7 +117,10 @@ def test_full_primary_drops_are_counted(small_primary_llm) -> None:
             if n == "ray_raykv_cascade_dropped_blocks_total" and labels.get("namespace") == NAMESPACE
         )
 
-    deadline = time.monotonic() + 30
-    while ray_metric() < dropped and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_until(
+        lambda: ray_metric() >= dropped,
+        timeout_s=30,
+        interval_s=1,
+        what=f"Ray's dropped-blocks metric to reach {dropped}",
+    )
     assert ray_metric() == dropped

@@ -13,7 +13,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import time
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from raykv.demo.replicas import start_replica
 from raykv.demo.tiny_model import make_prompt_tokens, reseed_weights
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.ops.status import collect_status
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,14 +32,6 @@ PROMPT_LEN = 1001
 CACHEABLE = (PROMPT_LEN // 128) * 128
 ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 20, "enforce_eager": True}
 MIB = 1024 * 1024
-
-
-def _wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 _FS_ROOT: list[str] = []  # the module's fs root (set by the fixture)
@@ -89,37 +81,43 @@ def test_models_with_equal_shapes_never_share_blocks(cluster) -> None:
     try:
         prompt = make_prompt_tokens(PROMPT_LEN, 11)
         on_a1 = ray.get(a1.generate.remote(prompt))
-        assert on_a1["cached_tokens"] == 0
-        _wait_for(lambda: sum(map(len, _held(nodes).values())) >= CACHEABLE // 128, what="A's blocks in plasma")
+        assert on_a1.cached_tokens == 0
+        wait_until(
+            lambda: sum(map(len, _held(nodes).values())) >= CACHEABLE // 128,
+            timeout_s=30.0,
+            what="A's blocks in plasma",
+        )
 
         # B sees the same block hashes, in the same namespace: never A's KV.
         on_b1 = ray.get(b1.generate.remote(prompt))
-        assert on_b1["cached_tokens"] == 0, "model B was served model A's KV"
-        assert on_b1["top_logprobs"] != on_a1["top_logprobs"], (
-            "the two models must differ for this test to mean anything"
-        )
+        assert on_b1.cached_tokens == 0, "model B was served model A's KV"
+        assert on_b1.top_logprobs != on_a1.top_logprobs, "the two models must differ for this test to mean anything"
         # ...and A never gets B's KV for a prompt B computed first.
         other = make_prompt_tokens(PROMPT_LEN, 12)
         on_b1_other = ray.get(b1.generate.remote(other))
-        assert on_b1_other["cached_tokens"] == 0
-        _wait_for(lambda: sum(map(len, _held(nodes).values())) >= 2 * CACHEABLE // 128, what="B's blocks in plasma")
+        assert on_b1_other.cached_tokens == 0
+        wait_until(
+            lambda: sum(map(len, _held(nodes).values())) >= 2 * CACHEABLE // 128,
+            timeout_s=30.0,
+            what="B's blocks in plasma",
+        )
         on_a1_other = ray.get(a1.generate.remote(other))
-        assert on_a1_other["cached_tokens"] == 0, "model A was served model B's KV"
+        assert on_a1_other.cached_tokens == 0, "model A was served model B's KV"
 
         # Equal identity, other node: A's blocks are a hit, outputs equal A's recompute.
         a2 = _replica(nodes[1], cluster["model_a"], cfg)
         try:
             on_a2 = ray.get(a2.generate.remote(prompt))
-            assert on_a2["cached_tokens"] == CACHEABLE
-            assert on_a2["token_ids"] == on_a1["token_ids"]
-            assert on_a2["top_logprobs"] == on_a1["top_logprobs"]
+            assert on_a2.cached_tokens == CACHEABLE
+            assert on_a2.token_ids == on_a1.token_ids
+            assert on_a2.top_logprobs == on_a1.top_logprobs
             # B's own prompt, from another replica of B's identity? B's blocks
             # stayed B's: a fresh B replica finds them.
             b2 = _replica(nodes[0], cluster["model_b"], cfg)
             try:
                 on_b2 = ray.get(b2.generate.remote(other))
-                assert on_b2["cached_tokens"] == CACHEABLE
-                assert on_b2["top_logprobs"] == on_b1_other["top_logprobs"]
+                assert on_b2.cached_tokens == CACHEABLE
+                assert on_b2.top_logprobs == on_b1_other.top_logprobs
             finally:
                 ray.get(b2.shutdown.remote(), timeout=60)
         finally:
@@ -141,12 +139,13 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
     old = _replica(nodes[0], model, cfg)
     try:
         before = ray.get(old.generate.remote(prompt))
-        assert before["cached_tokens"] == 0
-        _wait_for(
+        assert before.cached_tokens == 0
+        wait_until(
             lambda: any(
                 i["model"] == model and i["blocks"] >= CACHEABLE // 128
                 for i in collect_status(services, metrics=False)["identities"]
             ),
+            timeout_s=30.0,
             what="the old weights' blocks",
         )
     finally:
@@ -156,10 +155,10 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
     new = _replica(nodes[1], model, cfg)
     try:
         after = ray.get(new.generate.remote(prompt))
-        assert after["cached_tokens"] == 0, "the updated model was served the old weights' KV"
-        assert after["top_logprobs"] != before["top_logprobs"]
+        assert after.cached_tokens == 0, "the updated model was served the old weights' KV"
+        assert after.top_logprobs != before.top_logprobs
         again = ray.get(new.generate.remote(prompt))
-        assert again["top_logprobs"] == after["top_logprobs"]
+        assert again.top_logprobs == after.top_logprobs
     finally:
         ray.get(new.shutdown.remote(), timeout=60)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.integrations.vllm.hashing import block_hashes
 from raykv.serve.routing import EngineLayout, request_keys
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -78,23 +78,20 @@ def _generate(llm: Any, tokens: list[int], **prompt: Any) -> None:
 def _engine_holding(engine: dict[str, Any], tokens: list[int], salt: str | None = None) -> list[set[str]]:
     """Per full block of ``tokens``: the engine holders listed for it."""
     services = engine["services"]
-    ((tag, ident),) = [(t, i) for t, i in services.identities().items() if i.get("model") == engine["model"]]
+    ((tag, ident),) = [(t, i) for t, i in services.identities().items() if i.model == engine["model"]]
     layout = EngineLayout.from_identity(tag, ident)
     keys, _ = request_keys(block_hashes(tokens, layout.tokens_per_hash, salt), layout)
     return [{h.holder_id for h in hs if h.medium == ENGINE} for hs in services.directory.lookup(keys)]
 
 
-def _wait(predicate: Any, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def test_engine_blocks_are_listed_under_the_router_s_keys(engine) -> None:
     prompt = make_prompt_tokens(5 * 128 + 40, 1)
     _generate(engine["llm"], prompt)
-    _wait(lambda: all(_engine_holding(engine, prompt)), "the prompt's 5 blocks under the engine's holder")
+    wait_until(
+        lambda: all(_engine_holding(engine, prompt)),
+        timeout_s=20.0,
+        what="the prompt's 5 blocks under the engine's holder",
+    )
     (holders,) = {frozenset(h) for h in _engine_holding(engine, prompt)}
     assert len(holders) == 1
     # A prompt the engine never saw is not listed.
@@ -102,7 +99,9 @@ def test_engine_blocks_are_listed_under_the_router_s_keys(engine) -> None:
     # A tenant's salted prompt is listed under the salted keys only.
     salted = make_prompt_tokens(2 * 128 + 5, 6)
     _generate(engine["llm"], salted, cache_salt="tenant-a")
-    _wait(lambda: all(_engine_holding(engine, salted, "tenant-a")), "the salted prompt's blocks")
+    wait_until(
+        lambda: all(_engine_holding(engine, salted, "tenant-a")), timeout_s=20.0, what="the salted prompt's blocks"
+    )
     assert not any(_engine_holding(engine, salted)) and not any(_engine_holding(engine, salted, "tenant-b"))
 
 
@@ -111,20 +110,26 @@ def test_evicted_blocks_leave_the_directory(engine) -> None:
     # 12 engine blocks: three other 5-block prompts push the first one out.
     for seed in (3, 4, 5):
         _generate(engine["llm"], make_prompt_tokens(5 * 128 + 40, seed))
-    _wait(lambda: not any(_engine_holding(engine, prompt)), "the evicted blocks to leave the directory")
+    wait_until(
+        lambda: not any(_engine_holding(engine, prompt)),
+        timeout_s=20.0,
+        what="the evicted blocks to leave the directory",
+    )
     # The last prompt's blocks are listed (its stored events may come a batch after the removals).
     last = make_prompt_tokens(5 * 128 + 40, 5)
-    _wait(lambda: all(_engine_holding(engine, last)), "the last prompt's blocks in the directory")
+    wait_until(
+        lambda: all(_engine_holding(engine, last)), timeout_s=20.0, what="the last prompt's blocks in the directory"
+    )
 
 
 def test_engine_holder_is_an_engine_owned_actor_that_dies_with_it(engine) -> None:
     services = engine["services"]
-    (holder,) = [h for h in services.holders() if h["medium"] == ENGINE]
-    assert holder["tier_type"] == "engine"
-    actor = ray.get_actor(holder["actor_name"], namespace=NAMESPACE)
-    assert ray.get(actor.stats.remote())["blocks"] > 0
+    (holder,) = [h for h in services.holders() if h.medium == ENGINE]
+    assert holder.tier_type == "engine"
+    actor = ray.get_actor(holder.actor_name, namespace=NAMESPACE)
+    assert ray.get(actor.stats.remote()).figures["blocks"] > 0
     prompt = make_prompt_tokens(5 * 128 + 40, 5)
     # The engine goes away (its process ends): its entries leave at once.
     engine["llm"].llm_engine.engine_core.shutdown()
-    _wait(lambda: not any(_engine_holding(engine, prompt)), "the dead engine's blocks to leave", timeout_s=10)
-    assert not [h for h in services.holders() if h["medium"] == ENGINE]
+    wait_until(lambda: not any(_engine_holding(engine, prompt)), timeout_s=10, what="the dead engine's blocks to leave")
+    assert not [h for h in services.holders() if h.medium == ENGINE]

@@ -20,6 +20,7 @@ import ray
 from raykv.core import naming
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -48,14 +49,6 @@ def _hits_by_source(llm: Any) -> dict[str, float]:
     if by_source or any(m.name == "vllm:prompt_tokens_cached_by_source" for m in metrics):
         return by_source
     return {"external": sum(m.value for m in metrics if m.name == "vllm:external_prefix_cache_hits")}
-
-
-def _wait_for(predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -111,19 +104,22 @@ def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
     # Each prompt's 7 blocks reach the tier (their cascade done, so the primary may
     # evict them) before the next prompt needs room: else the primary keeps chunks
     # of prompt 0 that were still pinned and evicts others (seen on vLLM 0.29).
-    _wait_for(lambda: len(ray.get(actor.keys.remote())) >= 2 * 7, what=f"the {kind} tier to hold 2 prompts")
+    wait_until(
+        lambda: len(ray.get(actor.keys.remote())) >= 2 * 7, timeout_s=20.0, what=f"the {kind} tier to hold 2 prompts"
+    )
     for seed in (1, 2, 3):  # evict prompt 0 from the engine cache and the primary
         _generate(llm, make_prompt_tokens(PROMPT_LEN, seed))
-        _wait_for(
+        wait_until(
             lambda n=2 + seed: len(ray.get(actor.keys.remote())) >= n * 7,
+            timeout_s=20.0,
             what=f"the {kind} tier to hold {2 + seed} prompts",
         )
 
-    loads_before = ray.get(actor.stats.remote())
+    loads_before = ray.get(actor.stats.remote()).figures
     before = _hits_by_source(llm)
     warm, warm_s = _generate(llm, prompt)
     after = _hits_by_source(llm)
-    loads_after = ray.get(actor.stats.remote())
+    loads_after = ray.get(actor.stats.remote()).figures
     print(f"[{kind}] TTFT cold {cold_s * 1e3:.0f} ms, from raykv {warm_s * 1e3:.0f} ms; hits {after}")
 
     assert warm.num_cached_tokens == CACHEABLE
@@ -164,14 +160,17 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     version = services.add_rule({"name": "persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}})
     # The engine process's policy cache long-polls the control actor: it has
     # the rule once its long poll waits at the new version.
-    _wait_for(
+    wait_until(
         lambda: max(ray.get(services.control.rules_readers.remote()), default=-1) >= version,
+        timeout_s=20.0,
         what="the engine's policy cache to hold the rule",
     )
     prefix = make_prompt_tokens(PROMPT_LEN, 40)
     held = set(ray.get(actor.keys.remote()))
     _generate(llm, prefix)
-    _wait_for(lambda: len(set(ray.get(actor.keys.remote())) - held) >= 7, what="the prefix's blocks in fs")
+    wait_until(
+        lambda: len(set(ray.get(actor.keys.remote())) - held) >= 7, timeout_s=20.0, what="the prefix's blocks in fs"
+    )
     prefix_keys = set(ray.get(actor.keys.remote())) - held
     ray.get(actor.remove.remote(list(prefix_keys)))  # the tier loses them; the engine keeps them
 
@@ -183,15 +182,18 @@ def test_request_level_rule_cascades_prefix_hits(raykv_llm) -> None:
     assert plain.num_cached_tokens == CACHEABLE  # a prefix hit in the engine
     # Its 2 new full blocks land in the tier in the job that would also carry
     # the prefix's blocks at REQUEST_LEVEL.
-    _wait_for(
+    wait_until(
         lambda: len(set(ray.get(actor.keys.remote())) - before - prefix_keys) >= 2,
+        timeout_s=20.0,
         what="the cascade of the request's new blocks",
     )
     assert held_prefix() == 0, "CHUNK_LEVEL re-stored prefix-hit blocks"
 
     persisted, _ = _generate(llm, prefix + make_prompt_tokens(200, 42), {"kv_transfer_params": {"persist": True}})
     assert persisted.num_cached_tokens == CACHEABLE
-    _wait_for(lambda: held_prefix() == len(prefix_keys), what="REQUEST_LEVEL cascade of the prefix hits")
+    wait_until(
+        lambda: held_prefix() == len(prefix_keys), timeout_s=20.0, what="REQUEST_LEVEL cascade of the prefix hits"
+    )
     services.remove_rule("persist")
     assert version > 0
 
@@ -230,9 +232,15 @@ def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
         pytest.skip("one tier is enough for the request path")
     services = raykv.attach(NAMESPACE)
     services.add_rule({"name": "odd-persist", "tier": "fs", "match": {"kv_transfer_params": {"persist": True}}})
-    services.add_rule({"name": "odd-tenant", "tier": "*", "match": {"tenant": "7"}})
-    time.sleep(1.0)  # the engine's policy cache long-polls the new rules
+    version = services.add_rule({"name": "odd-tenant", "tier": "*", "match": {"tenant": "7"}})
     try:
+        # The engine's policy cache long-polls the new rules: it holds them once
+        # its long poll waits at the new version.
+        wait_until(
+            lambda: max(ray.get(services.control.rules_readers.remote()), default=-1) >= version,
+            timeout_s=20.0,
+            what="the engine's policy cache to hold the odd-* rules",
+        )
         prompts = [make_prompt_tokens(PROMPT_LEN, 60 + i) for i in range(len(ODD_KV_TRANSFER_PARAMS))]
         held = len(ray.get(actor.keys.remote()))
         computed = []
@@ -242,7 +250,11 @@ def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
             computed.append(out)
             # the primary (16 chunks) is smaller than the traffic: let each prompt cascade before the next
             want = held + 7 * (i + 1)
-            _wait_for(lambda: len(ray.get(actor.keys.remote())) >= want, what=f"prompt {i}'s blocks in the fs tier")
+            wait_until(
+                lambda: len(ray.get(actor.keys.remote())) >= want,
+                timeout_s=20.0,
+                what=f"prompt {i}'s blocks in the fs tier",
+            )
 
         before = _hits_by_source(llm)
         for tokens, params, cold in zip(prompts, ODD_KV_TRANSFER_PARAMS, computed):

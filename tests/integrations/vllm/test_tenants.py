@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +23,7 @@ import ray
 from raykv.core import naming
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,14 +52,6 @@ def _from_disk(llm: Any) -> float:
         for m in llm.get_metrics()
         if m.name == "vllm:prompt_tokens_cached_by_source" and m.labels.get("source") == "disk"
     )
-
-
-def _wait_for(predicate: Any, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +95,11 @@ def _evict(engine: dict[str, Any]) -> None:
     held = len(ray.get(actor.keys.remote()))
     for _ in range(3):
         _generate(engine["llm"], make_prompt_tokens(PROMPT_LEN, next(engine["seed"])))
-    _wait_for(lambda: len(ray.get(actor.keys.remote())) >= held + 3 * 7, what="the fs tier to hold 3 more prompts")
+    wait_until(
+        lambda: len(ray.get(actor.keys.remote())) >= held + 3 * 7,
+        timeout_s=30.0,
+        what="the fs tier to hold 3 more prompts",
+    )
 
 
 def _stored(engine: dict[str, Any], tokens: list[int], tenant: str | None = None, **prompt: Any) -> Any:
@@ -111,7 +107,9 @@ def _stored(engine: dict[str, Any], tokens: list[int], tenant: str | None = None
     actor = engine["actor"]
     held = len(ray.get(actor.keys.remote()))
     out = _generate(engine["llm"], tokens, tenant, **prompt)
-    _wait_for(lambda: len(ray.get(actor.keys.remote())) >= held + 7, what="the prompt's blocks in the fs tier")
+    wait_until(
+        lambda: len(ray.get(actor.keys.remote())) >= held + 7, timeout_s=30.0, what="the prompt's blocks in the fs tier"
+    )
     return out
 
 
@@ -139,6 +137,6 @@ def test_salted_and_labelled_tenants_are_charged_their_bytes(engine) -> None:
     actor = engine["actor"]
     _stored(engine, make_prompt_tokens(PROMPT_LEN, 2), cache_salt="salty")
     _stored(engine, make_prompt_tokens(PROMPT_LEN, 3), "tenant-e")
-    held = ray.get(actor.stats.remote())["tenant_bytes"]
+    held = ray.get(actor.stats.remote()).figures["tenant_bytes"]
     assert held.get("salty", 0) >= 7 * CHUNK_BYTES, held  # not the default tenant's
     assert held.get("tenant-e", 0) >= 7 * CHUNK_BYTES, held
