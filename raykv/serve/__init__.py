@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from raykv.core.wire import JsonValue
 from raykv.integrations.vllm import raykv_kv_transfer_config
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def llm_config(
     raykv_cfg = dict(raykv or {})
     raykv_cfg.setdefault("tiers", DEFAULT_TIERS)
     kwargs = dict(engine_kwargs or {})
-    engine_events: dict[str, object] | None = None
+    engine_events: dict[str, JsonValue] | None = None
     if engine_cache is None:
         engine_cache = router == "raykv"
     if not isinstance(engine_cache, bool):
@@ -100,7 +101,8 @@ def llm_config(
         ev = kwargs["kv_events_config"]
         if not isinstance(ev, Mapping):
             raise ValueError(f"engine_kwargs['kv_events_config'] must be a mapping; got {type(ev).__name__}")
-        engine_events = {"endpoint": ev.get("endpoint"), "topic": ev.get("topic", "")}
+        endpoint, topic = ev.get("endpoint"), ev.get("topic", "")
+        engine_events = {"endpoint": None if endpoint is None else str(endpoint), "topic": str(topic)}
     if attach:
         kwargs["kv_transfer_config"] = (
             raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes)

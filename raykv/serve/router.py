@@ -13,7 +13,8 @@ power-of-two-choices: routing never fails a request.
 Turn it on with ``raykv.serve.build_app(..., router="raykv")`` or ``router:
 raykv`` in a Serve YAML: that also turns on the engines' KV events, which
 record each engine's own cache in the directory (``raykv.holders.engine_cache``).
-Supported: Ray 2.60's ``RequestRouter`` API (alpha); vLLM 0.29, 0.32 and 0.33 block hashing
+Supported: Ray 2.60's public ``ray.serve.request_router`` API (alpha) and nothing
+of Serve's private modules or attributes; vLLM 0.29, 0.32 and 0.33 block hashing
 (``raykv.serve.routing`` reads the installed release's ``cache_salt`` form).
 """
 
@@ -22,17 +23,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
-from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
-from ray.serve._private.request_router.request_router import LocalityMixin, MultiplexMixin, RequestRouter
-from ray.serve.request_router import PendingRequest, RunningReplica
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
 
 from raykv.core.validate import ArgumentError
 from raykv.integrations.vllm.hashing import block_hashes, prepare_hashing
 from raykv.metrics.catalog import record
+from raykv.serve.load_book import InflightRequests, PredictedWork
 from raykv.serve.routing import (
     Candidate,
     EngineLayout,
@@ -43,6 +51,11 @@ from raykv.serve.routing import (
     request_keys,
 )
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from raykv.services.cluster import RaykvServices
+
 logger = logging.getLogger(__name__)
 
 #: How often the router re-reads the engines' identities (new models, restarts).
@@ -51,8 +64,12 @@ IDENTITY_REFRESH_S = 10.0
 #: tokenizer) before it falls back to power of two choices.
 PREPARE_TIMEOUT_S = 60.0
 
+#: A request's prompt as ``prompt_of`` finds it: a text, token ids, a batch of either,
+#: or ``{"messages": [...]}`` for a chat (whatever the request object holds).
+Prompt = object
 
-def prompt_of(pending_request: PendingRequest | None) -> tuple[Any, str | None]:
+
+def prompt_of(pending_request: PendingRequest | None) -> tuple[Prompt | None, str | None]:
     """(the request's prompt, chat messages or tokens; its ``cache_salt``), or (None, None)."""
     if pending_request is None:
         return None, None
@@ -66,9 +83,20 @@ def prompt_of(pending_request: PendingRequest | None) -> tuple[Any, str | None]:
 
 
 class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
-    """Routes each request to the replica that would prefill the least, queues considered."""
+    """Routes each request to the replica that would prefill the least, queues considered.
 
-    def initialize_state(
+    Built on Ray 2.60's public ``ray.serve.request_router`` classes only. Its
+    fallback is Serve's power of two choices, written here on the public mixins'
+    helpers (``power_of_two``): Ray 2.60 exports no ``PowerOfTwoChoicesRequestRouter``
+    (only Serve's private request_router package has it; ``ray.serve.request_router``'s
+    ``__all__`` is FIFOMixin, LocalityMixin, MultiplexMixin, PendingRequest, ReplicaID,
+    RequestRouter, RunningReplica), and subclassing it would bring ``FIFOMixin``,
+    which hands the replica one routing task chose to the oldest pending request
+    (this router chooses per prompt: without it, Serve gives the replica to the
+    request it was chosen for).
+    """
+
+    def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs as keywords
         self,
         model: str | None = None,
         namespace: str = "raykv",
@@ -93,19 +121,22 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._policy = RankPolicy(float(load_weight), float(max_load_share), int(min_queue_gap))
         self._lookup_timeout_s = float(lookup_timeout_s)
         self._hash_algo = hash_algo
-        self._services: Any = None
-        self._tokenizer: Any = None
+        self._services: RaykvServices | None = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._layouts: list[EngineLayout] = []
         self._layouts_at = 0.0
         self._warned: dict[str, float] = {}
-        self._tags = {"deployment": self._deployment_id.name if self._deployment_id else ""}
+        # The metrics' "deployment" tag: the name of the deployment this router routes to,
+        # read off its replicas' public ReplicaID.deployment_id at the first decision. Ray
+        # 2.60's RequestRouter keeps its DeploymentID in a private attribute, and has no
+        # public accessor for it (``app_name`` is public, the deployment's name is not).
+        self._tags: dict[str, str] = {"deployment": ""}
         self.decisions = 0
         self.fallbacks = 0
-        #: blocks each replica was sent to compute (what spreads fresh prompts), by replica id
-        self._new_blocks: dict[Any, float] = {}
-        self._pending_new: dict[int, dict[Any, int]] = {}
+        #: blocks each replica was sent to compute (what spreads fresh prompts)
+        self._work: PredictedWork[ReplicaID] = PredictedWork()
         #: requests this router sent to each replica that have not ended
-        self._inflight: dict[Any, int] = {}
+        self._inflight: InflightRequests[ReplicaID] = InflightRequests()
         self._tokenizer_error: Exception | None = None
         # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
         # runs on a thread from the start, never on Serve's routing event loop.
@@ -118,6 +149,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
         t0 = time.perf_counter()
+        if candidate_replicas and not self._tags["deployment"]:
+            self._tags = {"deployment": candidate_replicas[0].replica_id.deployment_id.name}
         ranks = None
         try:
             ranks = await self._rank(candidate_replicas, pending_request)
@@ -125,26 +158,47 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self._warn(type(e).__name__, f"raykv router: falling back to power of two choices: {e!r}")
         if not ranks:
             self.fallbacks += 1
-            return await PowerOfTwoChoicesRequestRouter.choose_replicas(self, candidate_replicas, pending_request)
+            return self.power_of_two(candidate_replicas, pending_request)
         self.decisions += 1
         record("raykv_router_decision_seconds", time.perf_counter() - t0, self._tags)
         return ranks
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
-        """Serve's hook once a request went to a replica: count it in flight there
-        until it ends, and the blocks it will compute there."""
-        predicted = self._pending_new.pop(id(pending_request), None)
-        if predicted is not None:
-            self._new_blocks[replica_id] = self._new_blocks.get(replica_id, 0.0) + predicted.get(replica_id, 0)
-        self._inflight[replica_id] = self._inflight.get(replica_id, 0) + 1
+    def power_of_two(
+        self, candidate_replicas: Sequence[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        """Serve's power of two choices (what Ray 2.60's ``PowerOfTwoChoicesRequestRouter``
+        does, on the public mixins' helpers): the replicas holding the request's
+        multiplexed model, else the local ones (node, then zone), else all; two of them
+        at random, of which Serve takes the one with the shorter queue."""
+        if pending_request is not None and pending_request.metadata.multiplexed_model_id:
+            ids = self.apply_multiplex_routing(pending_request=pending_request)
+        else:
+            ids = self.apply_locality_routing(pending_request=pending_request)
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        pool = [by_id[i] for i in ids if i in by_id]
+        return [random.sample(pool, min(2, len(pool)))] if pool else []
 
-        def done(_: Any) -> None:
-            self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 1) - 1)
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: object) -> None:
+        """Serve's hook once a replica accepted a request: count it in flight there
+        until ``on_request_completed``, and the blocks it will compute there.
 
-        try:
-            result.add_done_callback(done)
-        except Exception:  # noqa: BLE001 - no callback: the count is only a floor under Serve's figure
-            done(None)
+        Ray 2.60 calls it for each request a replica accepted under Serve's rejection
+        protocol (strict ``max_ongoing_requests``, on except in Ray Client), on the
+        router's event loop; without the protocol it is not called and the queue
+        figure is Serve's alone (``queue_lens``)."""
+        self._work.routed(id(pending_request), replica_id)
+        self._inflight.routed(pending_request.metadata.internal_request_id, replica_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        """Serve's hook once a request sent to a replica ended (done, failed,
+        cancelled or rejected; Ray 2.60 calls it on the router's event loop): it
+        leaves the replica's in-flight count.
+
+        A completion of a request not counted (a rejected send, or one whose end
+        was heard before its ``on_request_routed``) is remembered a while, so that a
+        late ``on_request_routed`` of it counts nothing: the count may miss a
+        request, never keep one that ended."""
+        self._inflight.completed(internal_request_id, replica_id)
 
     # -- the decision ------------------------------------------------------------
     async def _rank(
@@ -170,10 +224,14 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             spans.append((layout, len(keys), len(engine), len(tier)))
             keys += engine + tier
         clock.lap("hash")
+        matches: dict[RunningReplica, Match]
         if not keys:  # shorter than a block: only load matters
             matches = {r: Match() for r in candidates}
         else:
-            found = await self._services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
+            services = self._services
+            if services is None:  # (layouts come from the services: attached by now)
+                return None
+            found = await services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
             clock.lap("directory")
             views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
             matches = {}
@@ -183,13 +241,10 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 for r, m in match(engine_found, tier_found, layout.blocks_per_chunk, views).items():
                     if r not in matches or m.saved > matches[r].saved:
                         matches[r] = m
-        spread = {r: self._new_blocks.get(r.replica_id, 0.0) for r in candidates}
-        ranks = rank(matches, await self._queue_lens(candidates), self._policy, spread)
+        spread = {r: self._work.sent(r.replica_id) for r in candidates}
+        ranks: list[list[RunningReplica]] = rank(matches, self.queue_lens(candidates), self._policy, spread)
         if pending_request is not None:
-            self._pending_new[id(pending_request)] = {r.replica_id: m.recompute for r, m in matches.items()}
-            del_old = len(self._pending_new) - 10_000
-            for key in list(self._pending_new)[: max(0, del_old)]:
-                self._pending_new.pop(key, None)
+            self._work.predict(id(pending_request), {r.replica_id: m.recompute for r, m in matches.items()})
         best = matches[ranks[0][0]]
         block_tokens = layouts[0].tokens_per_hash
         for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):
@@ -201,16 +256,20 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             record("raykv_router_stage_seconds", seconds, {**self._tags, "stage": stage})
         return ranks
 
-    async def _queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
+    def queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
         """Each candidate's ongoing requests: what this router sent there and is not
-        done, or Serve's cached figure when higher. No probe: Serve probes the
-        replicas of the chosen rank itself, and a probe per request to every replica
-        is what made the first version of this router slow under load."""
-        cache = getattr(self, "_replica_queue_len_cache", None)
+        done (``on_request_routed`` .. ``on_request_completed``), or Serve's cached
+        figure when higher. No probe: Serve probes the replicas of the chosen rank
+        itself, and a probe per request to every replica is what made the first
+        version of this router slow under load.
+
+        Serve's figure is the public ``RequestRouter.replica_queue_len_cache``
+        property's ``get(replica_id)`` (Ray 2.60): None when it has no fresh entry."""
+        cache = self.replica_queue_len_cache
         out = {}
         for r in candidates:
-            cached = cache.get(r.replica_id) if cache is not None else None
-            out[r] = max(int(cached or 0), self._inflight.get(r.replica_id, 0))
+            cached = cache.get(r.replica_id)
+            out[r] = max(int(cached or 0), self._inflight.count(r.replica_id))
         return out
 
     # -- what it needs once (or now and then) --------------------------------------
@@ -231,7 +290,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._prepared)), PREPARE_TIMEOUT_S)
         self._prepared.result()  # its error, if any: this decision falls back
 
-    async def _tokens(self, prompt: Any) -> list[int] | None:
+    async def _tokens(self, prompt: Prompt) -> list[int] | None:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
             prompt = prompt[0]  # a batch: route by its first prompt
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
@@ -259,7 +318,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._layouts = [
             EngineLayout.from_identity(tag, ident)
             for tag, ident in sorted(identities.items())
-            if ident.get("model") == self._model and int((ident.get("layout") or {}).get("rank", 0)) == 0
+            if ident.model == self._model and ident.layout.get("rank", 0) in (0, "0")
         ]
         return self._layouts
 
@@ -283,6 +342,6 @@ class _StageClock:
         self._last = now
 
 
-def _actor_hex(replica: RunningReplica) -> str | None:
-    actor_id = getattr(replica, "actor_id", None)
-    return actor_id.hex() if actor_id is not None else None
+def _actor_hex(replica: RunningReplica) -> str:
+    """The Ray actor running the replica (hex; engines register under it), from the public ``actor_id``."""
+    return replica.actor_id.hex()

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from raykv.core.identity import KVIdentity
 from raykv.core.keys import make_offload_key
 from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
 from raykv.holders.engine_cache import engine_key
@@ -39,9 +40,13 @@ class EngineLayout:
     blocks_per_chunk: int = 1
 
     @classmethod
-    def from_identity(cls, tag_hex: str, identity: Mapping[str, Any]) -> "EngineLayout":
-        layout = identity.get("layout") or {}
-        return cls(bytes.fromhex(tag_hex), int(layout["tokens_per_hash"]), int(layout.get("blocks_per_chunk", 1)))
+    def from_identity(cls, tag_hex: str, identity: KVIdentity) -> "EngineLayout":
+        """The layout of the engines of ``identity`` (tag ``tag_hex``)."""
+        layout = identity.layout
+        tokens, per_chunk = layout["tokens_per_hash"], layout.get("blocks_per_chunk", 1)
+        if not isinstance(tokens, (int, str)) or not isinstance(per_chunk, (int, str)):
+            raise ValueError(f"identity {tag_hex}: tokens_per_hash / blocks_per_chunk are not numbers: {layout}")
+        return cls(bytes.fromhex(tag_hex), int(tokens), int(per_chunk))
 
 
 def request_keys(hashes: Sequence[bytes], layout: EngineLayout) -> tuple[list[bytes], list[bytes]]:

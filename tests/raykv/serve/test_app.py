@@ -15,6 +15,7 @@ import requests
 
 from raykv.core import naming
 from raykv.demo.tiny_model import make_prompt_tokens
+from tests.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +53,13 @@ def serve_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]
     )
     t0 = time.perf_counter()
     serve.run(app, name="raykv-llm", route_prefix="/", blocking=False)
-    deadline = time.monotonic() + 420
-    while True:
-        try:
-            if requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok:
-                break
-        except requests.RequestException:
-            pass
-        assert time.monotonic() < deadline, "the Serve LLM app did not come up"
-        time.sleep(1)
+    wait_until(
+        lambda: requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok,
+        timeout_s=420,
+        interval_s=1,
+        ignore=(requests.RequestException,),
+        what="the Serve LLM app to come up",
+    )
     print(f"Serve LLM app ready in {time.perf_counter() - t0:.0f} s")
     yield {"root": root}
     serve.shutdown()
@@ -86,17 +85,21 @@ def _fs_keys(root: str) -> int:
 
 def _wait_fs_keys(root: str, at_least: int, what: str, timeout_s: float = 60.0) -> int:
     """Wait until the fs tier lists ``at_least`` keys and its count stopped changing for 1 s."""
-    deadline = time.monotonic() + timeout_s
     last, since = -1, time.monotonic()
-    while True:
+
+    def settled() -> bool:
+        nonlocal last, since
         n = _fs_keys(root)
         if n != last:
             last, since = n, time.monotonic()
-        if n >= at_least and time.monotonic() - since >= 1.0:
-            print(f"{what}: the fs tier lists {n} keys")
-            return n
-        assert time.monotonic() < deadline, f"{what}: the fs tier lists {n} keys, wanted {at_least}"
-        time.sleep(0.2)
+        return n >= at_least and time.monotonic() - since >= 1.0
+
+    try:
+        wait_until(settled, timeout_s=timeout_s, interval_s=0.2, what=f"{what}: {at_least} keys in the fs tier")
+    except WaitTimeout as e:
+        raise AssertionError(f"{what}: the fs tier lists {last} keys, wanted {at_least}") from e
+    print(f"{what}: the fs tier lists {last} keys")
+    return last
 
 
 @pytest.mark.serve

@@ -5,11 +5,14 @@ turns go to the replica whose engine holds their prefix, an overloaded replica i
 skipped, a killed replica's engine
 entries leave the directory at once and routing never picks it again, and a replica
 added to the running app (``num_replicas`` raised through Serve's external scaling
-API, what the dashboard's ``/scale`` endpoint calls) gets its first request's prefix
-from raykv."""
+REST API, the dashboard's ``/scale`` endpoint) gets its first request's prefix
+from raykv. The head runs Ray's dashboard: it serves that endpoint and Ray's state
+API, through which the test finds the replicas' actors and their nodes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +25,7 @@ from ray.cluster_utils import Cluster
 
 import raykv
 from raykv.core import naming
-from raykv.core.placement import ENGINE
+from raykv.core.placement import ENGINE, HolderInfo
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm.hashing import block_hashes
 from raykv.ops.status import collect_status
@@ -39,7 +42,7 @@ TURN = 5 * BLOCK  # a session's first turn: 5 full blocks
 
 
 @pytest.fixture(scope="module")
-def routed_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]]:
+def routed_app(vllm_env, tiny_model, tmp_path_factory, free_port) -> Iterator[dict[str, Any]]:
     pytest.importorskip("ray.serve.llm")
     from ray import serve
 
@@ -52,16 +55,24 @@ def routed_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any
         head_node_args={
             "num_cpus": 8,  # logical: a replica (2 CPUs in Serve LLM) and the ingress
             "object_store_memory": 256 * MIB,
-            "include_dashboard": False,
+            "include_dashboard": True,  # Serve's scaling REST API and Ray's state API
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
             "resources": {"llm_slot": 1},
         },
     )
     for _ in range(2):
         cluster.add_node(num_cpus=4, object_store_memory=256 * MIB, resources={"llm_slot": 1})
-    ray.init(address=cluster.address, log_to_driver=False)
+    ctx = ray.init(address=cluster.address, log_to_driver=False)
     services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
     root = str(tmp_path_factory.mktemp("router-fs"))
-    app = {"cluster": cluster, "services": services, "root": root, "model": tiny_model}
+    app = {
+        "cluster": cluster,
+        "services": services,
+        "root": root,
+        "model": tiny_model,
+        "dashboard": f"http://{ctx.dashboard_url}",
+    }
     t0 = time.perf_counter()
     _deploy(serve, tiny_model, root, 2)
     _wait_replicas(2)
@@ -100,28 +111,38 @@ def _deploy(serve: Any, model: str, root: str, replicas: int) -> None:
     serve.run(app, name="raykv-routed", route_prefix="/", blocking=False, external_scaler_enabled=True)
 
 
-def _scale(replicas: int) -> None:
-    """Set the running deployment's replica count (Serve's external scaling API)."""
-    from ray.serve._private.common import DeploymentID
-    from ray.serve.context import _get_global_client
-
-    controller = _get_global_client()._controller
-    ray.get(
-        controller.update_deployment_replicas.remote(DeploymentID(f"LLMServer:{MODEL_ID}", "raykv-routed"), replicas)
-    )
+def _auth_headers() -> dict[str, str]:
+    """The cluster's token (what `ray get-auth-token` prints) as a dashboard request's header."""
+    cli = [sys.executable, "-m", "ray.scripts.scripts", "get-auth-token"]  # the `ray` console script
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    token = out.stdout.strip() if out.returncode == 0 else ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _replica_owners() -> dict[str, Any]:
-    """Alive Serve LLM replicas: actor id (hex) -> handle."""
-    out = {}
-    for a in ray.util.list_named_actors(all_namespaces=True):
-        if a["namespace"] == "serve" and a["name"].startswith("SERVE_REPLICA::") and "LLMServer" in a["name"]:
-            try:
-                h = ray.get_actor(a["name"], namespace="serve")
-            except ValueError:
-                continue
-            out[h._actor_id.hex()] = h
-    return out
+def _scale(app: dict[str, Any], replicas: int) -> None:
+    """Set the running deployment's replica count (Serve's external scaling REST API)."""
+    url = f"{app['dashboard']}/api/v1/applications/raykv-routed/deployments/LLMServer:{MODEL_ID}/scale"
+    r = requests.post(url, json={"target_num_replicas": replicas}, headers=_auth_headers(), timeout=60)
+    assert r.status_code == 200, (r.status_code, r.text)
+
+
+def _alive_actors(**fields: str) -> list[Any]:
+    """Ray's state API: the alive actors whose ``fields`` (``name``, ``ray_namespace``...) match."""
+    from ray.util.state import list_actors
+
+    filters = [(k, "=", v) for k, v in fields.items()]
+    # This cluster's (its GCS finds its dashboard): other Rays may run on this machine.
+    address = ray.get_runtime_context().gcs_address
+    return list_actors(address, filters=[*filters, ("state", "=", "ALIVE")], limit=10_000)
+
+
+def _replica_owners() -> dict[str, str]:
+    """Alive Serve LLM replicas: actor id (hex) -> actor name (namespace "serve")."""
+    return {
+        a.actor_id: a.name
+        for a in _alive_actors(ray_namespace="serve")
+        if a.name.startswith("SERVE_REPLICA::") and "LLMServer" in a.name
+    }
 
 
 def _running_replicas() -> int:
@@ -132,8 +153,8 @@ def _running_replicas() -> int:
     return int((deployment.replica_states or {}).get("RUNNING", 0)) if deployment else 0
 
 
-def _engine_holders(services: Any) -> dict[str, dict[str, Any]]:
-    return {h["owner"]: h for h in services.holders() if h["medium"] == ENGINE}
+def _engine_holders(services: Any) -> dict[str | None, HolderInfo]:
+    return {h.owner: h for h in services.holders() if h.medium == ENGINE}
 
 
 def _wait_replicas(n: int, timeout_s: float = 480) -> None:
@@ -164,7 +185,7 @@ def _cached(resp: dict[str, Any]) -> int:
 
 def _layout(app: dict[str, Any]) -> EngineLayout:
     idents = app["services"].identities()
-    (tag, ident), *_ = [(t, i) for t, i in idents.items() if i.get("model") == app["model"]]
+    (tag, ident), *_ = [(t, i) for t, i in idents.items() if i.model == app["model"]]
     return EngineLayout.from_identity(tag, ident)
 
 
@@ -213,9 +234,10 @@ def _head_node() -> str:
     return head
 
 
-def _actor_node(actor_id: str) -> str:
-    """The node a Ray actor runs on (hex id)."""
-    return ray._private.state.actors(actor_id=actor_id)["Address"]["NodeID"]
+def _actor_node(**fields: str) -> str:
+    """The node (hex id) the one alive actor matching ``fields`` runs on."""
+    (actor,) = _alive_actors(**fields)
+    return actor.node_id
 
 
 def test_engines_register_their_own_nodes(routed_app) -> None:
@@ -226,16 +248,16 @@ def test_engines_register_their_own_nodes(routed_app) -> None:
     services = app["services"]
     engines = _engine_holders(services)
     assert len(engines) == 2
-    replica_node = {owner: _actor_node(owner) for owner in engines}
+    replica_node = {owner: _actor_node(actor_id=owner) for owner in engines}
     assert len(set(replica_node.values())) == 2, f"the replicas share a node: {replica_node}"
-    assert {h["node_id"] for h in engines.values()} == set(replica_node.values())
+    assert {h.node_id for h in engines.values()} == set(replica_node.values())
     for owner, holder in engines.items():
-        assert holder["node_id"] == replica_node[owner], f"engine of replica {owner} registered another node"
-        cache_actor = ray.get_actor(holder["actor_name"], namespace=NAMESPACE)
+        assert holder.node_id == replica_node[owner], f"engine of replica {owner} registered another node"
+        cache_node = _actor_node(name=holder.actor_name, ray_namespace=NAMESPACE)
         # (soft affinity to the engine's node: where it runs is Ray's call)
         print(
-            f"replica {owner[:8]}: node {holder['node_id'][:8]}, engine-cache actor on "
-            f"{_actor_node(cache_actor._actor_id.hex())[:8]}, head {_head_node()[:8]}"
+            f"replica {owner[:8]}: node {str(holder.node_id)[:8]}, engine-cache actor on "
+            f"{cache_node[:8]}, head {_head_node()[:8]}"
         )
     # The sessions of the first test: each replica's blocks reached its own node's
     # object store actor, never another node's (vLLM's cascade is best effort, so
@@ -257,7 +279,7 @@ def test_engines_register_their_own_nodes(routed_app) -> None:
     # Each node's object store actor mapped the CPU primary of one engine: its own.
     for node in replica_node.values():
         actor = ray.get_actor(naming.object_store_actor(node), namespace=NAMESPACE)
-        stats = ray.get(actor.stats.remote(), timeout=30)
+        stats = ray.get(actor.stats.remote(), timeout=30).figures
         assert stats["node_id"] == node and stats["mapped_regions"] == 1, stats
     # raykv status shows the two engines on their nodes.
     rows = [t for t in collect_status(services, metrics=False)["tiers"] if t.get("owner") in engines]
@@ -293,7 +315,8 @@ def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
     victim = app["first"][0]
     replicas = _replica_owners()
     assert victim in replicas and victim in _engine_holders(services)
-    ray.kill(replicas[victim], no_restart=True)
+    victim_actor = ray.get_actor(replicas[victim], namespace="serve")
+    ray.kill(victim_actor, no_restart=True)
     t0 = time.monotonic()
     while victim in _engine_holders(services):
         assert time.monotonic() - t0 < 5, "the dead engine's cache stayed in the directory"
@@ -306,7 +329,7 @@ def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
     while _running_replicas() != 1:
         assert time.monotonic() - t0 < 120, "Serve did not notice the dead replica"
         time.sleep(0.2)
-    _scale(1)
+    _scale(app, 1)
     # Its sessions keep being served (by the other replica, from raykv), never by the dead one.
     for s in (0, 2):
         prompt = _session(s, 4)
@@ -329,7 +352,7 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
         )
         time.sleep(0.5)
     before_replicas = set(_replica_owners())
-    _scale(2)
+    _scale(app, 2)
     _wait_replicas(2)
     assert old in _replica_owners(), "raising num_replicas restarted the running replica"
     time.sleep(2)  # the ingress's router hears of the new replica

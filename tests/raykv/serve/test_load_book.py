@@ -1,0 +1,48 @@
+"""The router's bookkeeping of what it sent where (``raykv.serve.load_book``), without Ray."""
+
+from __future__ import annotations
+
+from raykv.serve.load_book import InflightRequests, PredictedWork
+
+
+def test_requests_count_while_in_flight_on_the_replica_they_were_routed_to() -> None:
+    book: InflightRequests[str] = InflightRequests()
+    book.routed("r1", "a")
+    book.routed("r2", "a")
+    book.routed("r3", "b")
+    assert (book.count("a"), book.count("b")) == (2, 1)
+    book.completed("r1", "a")
+    book.completed("r3", "b")
+    assert (book.count("a"), book.count("b")) == (1, 0)
+    book.completed("r3", "b")  # twice: counts nothing more
+    assert book.count("b") == 0
+
+
+def test_a_completion_heard_first_makes_the_late_routing_count_nothing() -> None:
+    book: InflightRequests[str] = InflightRequests(remember_early=3)
+    book.completed("early", "a")
+    book.routed("early", "a")
+    assert book.count("a") == 0
+    # rejected by a (ended without routing), then accepted by b: counted on b
+    book.completed("retried", "a")
+    book.routed("retried", "b")
+    assert (book.count("a"), book.count("b")) == (0, 1)
+    for i in range(10):
+        book.completed(f"rejected-{i}", "a")
+    assert book.remembered_early == 3
+
+
+def test_the_routed_replica_is_charged_its_predicted_blocks() -> None:
+    work: PredictedWork[str] = PredictedWork(max_pending=2)
+    work.predict(1, {"a": 4, "b": 0})
+    work.predict(2, {"a": 3, "b": 3})
+    work.routed(1, "a")
+    work.routed(2, "b")
+    work.routed(2, "a")  # a request is charged once
+    assert (work.sent("a"), work.sent("b")) == (4.0, 3.0)
+    for i in range(3, 6):
+        work.predict(i, {"a": 1})
+    work.routed(3, "a")  # forgotten: only the newest max_pending predictions are kept
+    assert work.sent("a") == 4.0
+    work.routed(5, "a")
+    assert work.sent("a") == 5.0
