@@ -7,8 +7,10 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol, TypedDict, final
+
+from raykv.core.wire import JsonValue, Report
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -51,9 +53,7 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def target(
-    name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = ""
-) -> dict[str, Any]:
+def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> Report:
     """One target line: ``passed`` is None when the value could not be measured."""
     if value is None or value != value:
         passed = None
@@ -69,7 +69,7 @@ def target(
     }
 
 
-def machine() -> dict[str, Any]:
+def machine() -> Report:
     """What the numbers were measured on."""
     try:
         load = os.getloadavg()[0]
@@ -92,7 +92,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def fmt(v: Any, digits: int = 2) -> str:
+def fmt(v: object, digits: int = 2) -> str:
     """A table cell."""
     if v is None:
         return "-"
@@ -107,7 +107,7 @@ def fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str = "") -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], title: str = "") -> str:
     """A plain-text table (first column left-aligned, the rest right-aligned)."""
     cells = [[fmt(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
@@ -125,28 +125,75 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str = ""
     return "\n".join(out)
 
 
-def targets_table(targets: Sequence[dict[str, Any]]) -> str:
-    """The targets with their measured values and pass/miss."""
+def targets_table(targets: JsonValue | Sequence[Report]) -> str:
+    """The targets (a list of `target` lines) with their measured values and pass/miss."""
     rows = []
-    for t in targets:
-        verdict = {True: "pass", False: "MISS", None: "n/a"}[t["passed"]]
+    for line in targets if isinstance(targets, (list, tuple)) else []:
+        t = section(line)
+        verdict = "n/a" if t["passed"] is None else ("pass" if t["passed"] else "MISS")
         rows.append((t["target"], t["value"], f"{t['op']} {fmt(t['threshold'])}", verdict, t.get("detail", "")))
     return table(("target", "measured", "wanted", "result", "detail"), rows, title="Targets")
 
 
-def to_json(result: dict[str, Any]) -> str:
-    """One JSON object (NaN becomes null)."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and x != x:
-            return None
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
+def as_json(x: object) -> JsonValue:
+    """``x`` (nested dicts, lists, tuples of JSON scalars) as a JSON value: NaN becomes null."""
+    if isinstance(x, float) and x != x:
+        return None
+    if x is None or isinstance(x, (str, int, float, bool)):
         return x
+    if isinstance(x, dict):
+        return {str(k): as_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [as_json(v) for v in x]
+    raise TypeError(f"not a JSON value: {x!r}")
 
-    return json.dumps(clean(result), indent=2)
+
+def to_json(result: Mapping[str, object]) -> str:
+    """One JSON object (NaN becomes null)."""
+    return json.dumps(as_json(result), indent=2)
+
+
+def number(v: JsonValue) -> float | None:
+    """A report's number (None when missing or not a number)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def num(v: JsonValue) -> float:
+    """A report's number (NaN when missing or not a number: it formats as ``nan``)."""
+    n = number(v)
+    return float("nan") if n is None else n
+
+
+def section(v: JsonValue) -> Report:
+    """A report's nested object ({} when missing or not an object)."""
+    return v if isinstance(v, dict) else {}
+
+
+def entries(v: JsonValue) -> list[JsonValue]:
+    """A report's list ([] when missing or not a list)."""
+    return v if isinstance(v, list) else []
+
+
+class Tokenizer(Protocol):
+    """What the benchmarks use of a Hugging Face tokenizer (``AutoTokenizer.from_pretrained``)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str | list[str]: ...
+
+
+def decode(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    """The text of ``token_ids`` (one sequence: one string), special tokens left out."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    assert isinstance(text, str)
+    return text
+
+
+@final  # so that ``"error" in r`` tells a failure from a summary
+class Failed(TypedDict):
+    """A configuration (router, app set-up) that failed: what went wrong, in place of its figures."""
+
+    error: str
 
 
 class Progress:

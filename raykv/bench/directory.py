@@ -40,18 +40,31 @@ import gc
 import os
 import random
 import time
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ray.actor import ActorHandle
 
 from raykv.bench.common import (
     Progress,
+    as_json,
+    entries,
     machine,
     median,
+    num,
+    number,
     percentile,
     ratio,
+    section,
     table,
     target,
     targets_table,
 )
+from raykv.core.wire import JsonValue, Report
+
+if TYPE_CHECKING:
+    from raykv.directory.client import DirectoryClient
+    from raykv.services.cluster import RaykvServices
 
 HELP = "batched prefix lookups: keys/s, p50/p99 per call and bytes per key, for 1/2/4 shards"
 
@@ -88,24 +101,48 @@ def parse_count(s: str) -> int:
     return int(float(s[:-1] if mult > 1 else s) * mult)
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Settings:
+    """What one run measures (its ``config`` in the report, but ``progress``)."""
+
+    quick: bool
+    keys: list[int]
+    call_sizes: list[int]
+    shards: list[int]
+    calls: int | None
+    pipeline: int
+    clients: int
+    seconds: float
+    step_lookups: int
+    step_registers: int
+    progress: bool
+
+
+class ClientRun(NamedTuple):
+    """A simulated engine's answer to ``run``: its step times and the keys it touched."""
+
+    steps: list[float]
+    keys: int
+
+
+def _settings(args: argparse.Namespace) -> Settings:
     quick = bool(getattr(args, "quick", False))
-    return {
-        "quick": quick,
-        "keys": sorted(parse_count(k) for k in (args.keys or ("20k" if quick else "1M,10M")).split(",")),
-        "call_sizes": [parse_count(c) for c in (args.call_sizes or ("1k,10k" if quick else "1k,100k")).split(",")],
-        "shards": [int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")],
-        "calls": args.calls,
-        "pipeline": args.pipeline,
-        "clients": args.clients if args.clients is not None else (2 if quick else 8),
-        "seconds": args.seconds or (3.0 if quick else 20.0),
-        "step_lookups": args.step_lookups,
-        "step_registers": args.step_registers,
-        "progress": not getattr(args, "no_progress", False),
-    }
+    return Settings(
+        quick=quick,
+        keys=sorted(parse_count(k) for k in (args.keys or ("20k" if quick else "1M,10M")).split(",")),
+        call_sizes=[parse_count(c) for c in (args.call_sizes or ("1k,10k" if quick else "1k,100k")).split(",")],
+        shards=[int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")],
+        calls=args.calls,
+        pipeline=args.pipeline,
+        clients=args.clients if args.clients is not None else (2 if quick else 8),
+        seconds=args.seconds or (3.0 if quick else 20.0),
+        step_lookups=args.step_lookups,
+        step_registers=args.step_registers,
+        progress=not getattr(args, "no_progress", False),
+    )
 
 
-def _holder_class() -> Any:
+def _holder_class() -> Any:  # a Ray actor class (Ray's stubs type it as the Python class)
     import ray
 
     from raykv.holders.holder_actor import WatchableActor
@@ -117,12 +154,12 @@ def _holder_class() -> Any:
     return BenchHolder
 
 
-def _rss(shards: list[Any]) -> int:
+def _rss(shards: list[ActorHandle]) -> int:
     """Summed private resident memory (``RssAnon``: the heap, not the plasma
     pages that arguments are read from) of the shard actors, after a GC in each."""
     import ray
 
-    def rss(_self: Any) -> int:
+    def rss(_self: object) -> int:
         import gc as _gc
 
         _gc.collect()
@@ -137,11 +174,11 @@ def _rss(shards: list[Any]) -> int:
     return sum(ray.get([s.__ray_call__.remote(rss) for s in shards]))
 
 
-def _cpu(shards: list[Any]) -> float:
+def _cpu(shards: list[ActorHandle]) -> float:
     """Summed CPU seconds (user + system, all threads) of the shard processes."""
     import ray
 
-    def cpu(_self: Any) -> float:
+    def cpu(_self: object) -> float:
         return time.process_time()
 
     return sum(ray.get([s.__ray_call__.remote(cpu) for s in shards]))
@@ -162,7 +199,7 @@ def _calls_for(size: int, wanted: int | None, quick: bool) -> int:
     return max(30, min(400, 2_000_000 // size))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Report:
     """Run the benchmark; returns the JSON result."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     s = _settings(args)
@@ -172,8 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import raykv
     from raykv.core.placement import SHARED, HolderInfo
 
-    max_keys = max(s["keys"])
-    arg_bytes = max(s["call_sizes"]) * KEY_BYTES * (s["pipeline"] + 2) + REGISTER_BATCH * KEY_BYTES * 8
+    max_keys = max(s.keys)
+    arg_bytes = max(s.call_sizes) * KEY_BYTES * (s.pipeline + 2) + REGISTER_BATCH * KEY_BYTES * 8
     ray.init(
         address="local",
         num_cpus=2,
@@ -181,15 +218,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         include_dashboard=False,
         log_to_driver=False,
     )
-    steps = len(s["shards"]) * (max_keys // REGISTER_BATCH + 1 + len(s["keys"]) * (len(s["call_sizes"]) + 1)) + 1
-    progress = Progress(steps, "directory", s["progress"])
-    configs: dict[str, Any] = {}
-    concurrent: dict[str, Any] | None = None
+    steps = len(s.shards) * (max_keys // REGISTER_BATCH + 1 + len(s.keys) * (len(s.call_sizes) + 1)) + 1
+    progress = Progress(steps, "directory", s.progress)
+    configs: dict[str, Report] = {}
+    rows: list[dict[str, float]] = []  # per config and call size: the headline figures
+    concurrent: Report | None = None
     rng = random.Random(0)
     stride = max(1, -(-max_keys // POOL_MAX))
     try:
         holder_cls = _holder_class()
-        for shards in s["shards"]:
+        for shards in s.shards:
             ns = f"raykv-bench-directory-{shards}"
             services = raykv.start({"namespace": ns, "directory_shards": shards})
             directory = services.directory
@@ -197,10 +235,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             info = HolderInfo("bench:holder", "bench", SHARED, "raykv-bench-holder", ns, None)
             ray.get(directory.add_holder(info, holder))
             rss0 = _rss(directory.shards)
-            floor: dict[str, Any] | None = None
+            floor: dict[str, float] | None = None
             pool: list[bytes] = []
             stored = 0
-            for count in s["keys"]:
+            for count in s.keys:
                 reg_s = 0.0
                 reg_n = 0
                 cpu0 = _cpu(directory.shards)
@@ -214,11 +252,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     stored += len(keys)
                     progress.step(f"{shards} shards: registering {stored:,}")
                 reg_cpu = _cpu(directory.shards) - cpu0
-                keys = None
+                keys = []
                 gc.collect()
-                held = sum(st["keys"] for st in directory.stats())
+                held = sum(st.keys for st in directory.stats())
                 rss = _rss(directory.shards)
-                entry: dict[str, Any] = {
+                calls: dict[str, dict[str, float]] = {}
+                entry: Report = {
                     "shards": shards,
                     "stored_keys": count,
                     "directory_keys": held,
@@ -226,23 +265,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "bytes_per_key": (rss - rss0) / count,
                     "register_keys_per_s": reg_n / reg_s if reg_s else None,
                     "register_cpu_us_per_key": reg_cpu / reg_n * 1e6 if reg_n else None,
-                    "calls": {},
                 }
-                for size in s["call_sizes"]:
+                for size in s.call_sizes:
                     cpu0 = _cpu(directory.shards)
-                    m = _lookups(directory, pool, size, _calls_for(size, s["calls"], s["quick"]), rng)
+                    m = _lookups(directory, pool, size, _calls_for(size, s.calls, s.quick), rng)
                     m["shard_cpu_us_per_key"] = (_cpu(directory.shards) - cpu0) / (size * (m["calls"] + 2)) * 1e6
-                    entry["calls"][str(size)] = m
+                    calls[str(size)] = m
                     progress.step(f"{shards} shards, {count:,} keys, calls of {size:,}")
+                entry["calls"] = as_json(calls)
+                for size_label, m in calls.items():
+                    figures = {k: m[k] for k in ("lookup_keys_per_s", "lookup_p50_ms", "lookup_p99_ms")}
+                    rows.append(
+                        {
+                            "shards": shards,
+                            "stored_keys": count,
+                            "call_keys": int(size_label),
+                            **figures,
+                            "bytes_per_key": (rss - rss0) / count,
+                        }
+                    )
                 if floor is None:
-                    floor = _floor(directory, pool, 50 if s["quick"] else 300)
-                entry["floor"] = floor
-                big = max(s["call_sizes"])
-                entry["lookup_keys_per_s_pipelined"] = _pipelined(directory, pool, big, s["pipeline"], rng, s["quick"])
+                    floor = _floor(directory, pool, 50 if s.quick else 300)
+                entry["floor"] = as_json(floor)
+                big = max(s.call_sizes)
+                entry["lookup_keys_per_s_pipelined"] = _pipelined(directory, pool, big, s.pipeline, rng, s.quick)
                 progress.step()
                 configs[f"shards={shards},keys={count}"] = entry
-            if shards == 1 and s["clients"] > 0:
-                progress.step(f"1 shard: {s['clients']} concurrent clients")
+            if shards == 1 and s.clients > 0:
+                progress.step(f"1 shard: {s.clients} concurrent clients")
                 concurrent = _concurrent(services, pool, s)
             services.shutdown()
             ray.kill(holder)
@@ -251,29 +301,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         progress.close()
         ray.shutdown()
-    result = {
+    config = asdict(s)
+    del config["progress"]
+    result: Report = {
         "benchmark": "directory",
-        "config": {k: v for k, v in s.items() if k != "progress"} | {"key_bytes": KEY_BYTES},
+        "config": {**section(as_json(config)), "key_bytes": KEY_BYTES},
         "machine": {**at_start, "loadavg_1m_at_end": machine()["loadavg_1m"]},
-        "configs": configs,
+        "configs": as_json(configs),
         "concurrent": concurrent,
-        "rows": [
-            {
-                "shards": c["shards"],
-                "stored_keys": c["stored_keys"],
-                "call_keys": int(size),
-                **{k: m[k] for k in ("lookup_keys_per_s", "lookup_p50_ms", "lookup_p99_ms")},
-                "bytes_per_key": c["bytes_per_key"],
-            }
-            for c in configs.values()
-            for size, m in c["calls"].items()
-        ],
+        "rows": as_json(rows),
     }
     result["targets"] = _targets(result)
     return result
 
 
-def _lookups(directory: Any, pool: list[bytes], size: int, calls: int, rng: random.Random) -> dict[str, Any]:
+def _lookups(
+    directory: DirectoryClient, pool: list[bytes], size: int, calls: int, rng: random.Random
+) -> dict[str, float]:
     """Sequential prefix lookups of ``size`` stored keys: latency and keys/s."""
     batches = [rng.sample(pool, size) if size <= len(pool) else rng.choices(pool, k=size) for _ in range(calls + 2)]
     lat: list[float] = []
@@ -295,7 +339,7 @@ def _lookups(directory: Any, pool: list[bytes], size: int, calls: int, rng: rand
     }
 
 
-def _floor(directory: Any, pool: list[bytes], calls: int) -> dict[str, Any]:
+def _floor(directory: DirectoryClient, pool: list[bytes], calls: int) -> dict[str, float]:
     """The per-call floor: sequential no-op ``ping`` calls to one shard, and
     1-key lookups through the client (p50/p99 ms), plus the shard's CPU per ping."""
     import ray
@@ -324,24 +368,25 @@ def _floor(directory: Any, pool: list[bytes], calls: int) -> dict[str, Any]:
     }
 
 
-def _client_class() -> Any:
+def _client_class() -> Any:  # a Ray actor class (Ray's stubs type it as the Python class)
     import ray
 
+    from raykv.core.wire import HolderInfo
     from raykv.holders.holder_actor import WatchableActor
 
     @ray.remote(num_cpus=0)
     class BenchEngine(WatchableActor):
         """A simulated engine: a holder of its own, stepping lookup + register + evict."""
 
-        def __init__(self, shards: list[Any], index: int) -> None:
+        def __init__(self, shards: list[ActorHandle], index: int) -> None:
             from raykv.directory.client import DirectoryClient
 
             self.directory = DirectoryClient(shards)
             self.index = index
 
         def run(
-            self, info: dict[str, Any], pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int
-        ) -> dict[str, Any]:
+            self, info: HolderInfo, pool: list[bytes], seconds: float, lookups: int, registers: int, seed: int
+        ) -> ClientRun:
             from raykv.core.placement import prefix_of
 
             rng = random.Random(seed)
@@ -354,28 +399,28 @@ def _client_class() -> Any:
                 fresh = _keys(registers)
                 old, mine = mine[:registers], mine[registers:] + fresh
                 t0 = time.perf_counter()
-                refs = self.directory.register(info["holder_id"], fresh)
+                refs = self.directory.register(info.holder_id, fresh)
                 if old:
-                    refs += self.directory.unregister(info["holder_id"], old)
+                    refs += self.directory.unregister(info.holder_id, old)
                 hit = prefix_of(self.directory.lookup(ask), None)
                 ray.get(refs)
                 steps.append(time.perf_counter() - t0)
                 keys_done += len(ask) + len(fresh) + len(old)
                 assert hit.num_keys <= lookups
-            return {"steps": steps, "keys": keys_done}
+            return ClientRun(steps, keys_done)
 
     return BenchEngine
 
 
-def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str, Any]:
-    """``s["clients"]`` simulated engines stepping against one shard at once."""
+def _concurrent(services: RaykvServices, pool: list[bytes], s: Settings) -> Report:
+    """``s.clients`` simulated engines stepping against one shard at once."""
     import ray
 
     from raykv.core.placement import PLASMA, HolderInfo
 
     directory = services.directory
     cls = _client_class()
-    clients = [cls.remote(directory.shards, i) for i in range(s["clients"])]
+    clients = [cls.remote(directory.shards, i) for i in range(s.clients)]
     infos = []
     for i, c in enumerate(clients):
         info = HolderInfo(f"bench:engine-{i}", "bench", PLASMA, f"bench-engine-{i}", services.namespace, f"node-{i}")
@@ -385,9 +430,9 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
     samples = [rng.sample(pool, min(len(pool), 20_000)) for _ in clients]
     cpu0 = _cpu(directory.shards)
     t0 = time.perf_counter()
-    outs = ray.get(
+    outs: list[ClientRun] = ray.get(
         [
-            c.run.remote(info.to_dict(), sample, s["seconds"], s["step_lookups"], s["step_registers"], i)
+            c.run.remote(info, sample, s.seconds, s.step_lookups, s.step_registers, i)
             for i, (c, info, sample) in enumerate(zip(clients, infos, samples))
         ]
     )
@@ -395,10 +440,10 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
     cpu = _cpu(directory.shards) - cpu0
     for c in clients:
         ray.kill(c)
-    steps = [x for o in outs for x in o["steps"]]
-    keys = sum(o["keys"] for o in outs)
+    steps = [x for o in outs for x in o.steps]
+    keys = sum(o.keys for o in outs)
     return {
-        "clients": s["clients"],
+        "clients": s.clients,
         "seconds": wall,
         "steps": len(steps),
         "keys": keys,
@@ -411,7 +456,9 @@ def _concurrent(services: Any, pool: list[bytes], s: dict[str, Any]) -> dict[str
     }
 
 
-def _pipelined(directory: Any, pool: list[bytes], size: int, depth: int, rng: random.Random, quick: bool) -> float:
+def _pipelined(
+    directory: DirectoryClient, pool: list[bytes], size: int, depth: int, rng: random.Random, quick: bool
+) -> float:
     """Keys/s with ``depth`` batched lookups in flight (one caller)."""
     from raykv.core.placement import prefix_of
 
@@ -428,35 +475,40 @@ def _pipelined(directory: Any, pool: list[bytes], size: int, depth: int, rng: ra
     return median(rates)
 
 
-def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    cfgs = result["configs"]
-    sizes = result["config"]["call_sizes"]
+def _targets(result: Report) -> list[JsonValue]:
+    """The targets, read off the report (``result`` as ``run`` wrote it)."""
+    out: list[JsonValue] = []
+    cfgs = {name: section(c) for name, c in section(result["configs"]).items()}
+    sizes = [int(num(n)) for n in entries(section(result["config"])["call_sizes"])]
     big, small = str(max(sizes)), str(min(sizes))
+
+    def call(c: Report, size: str, key: str) -> float | None:
+        return number(section(section(c["calls"])[size])[key])
+
     one = [c for c in cfgs.values() if c["shards"] == 1]
     if one:
-        worst = min(one, key=lambda c: c["calls"][big]["lookup_keys_per_s"])
+        worst = min(one, key=lambda c: num(call(c, big, "lookup_keys_per_s")))
         out.append(
             target(
                 f"lookup keys/s of one shard, {int(big):,}-key calls (worst stored count)",
-                worst["calls"][big]["lookup_keys_per_s"],
+                call(worst, big, "lookup_keys_per_s"),
                 3e6,
                 detail=", ".join(
-                    f"{c['stored_keys']:,} keys: {c['calls'][big]['lookup_keys_per_s']:,.0f}" for c in one
+                    f"{c['stored_keys']:,} keys: {num(call(c, big, 'lookup_keys_per_s')):,.0f}" for c in one
                 ),
             )
         )
-        worst = min(one, key=lambda c: c["register_keys_per_s"] or 0)
+        worst = min(one, key=lambda c: number(c["register_keys_per_s"]) or 0)
         out.append(
             target(
                 "register keys/s of one shard, 100,000-key calls (worst stored count)",
-                worst["register_keys_per_s"],
+                number(worst["register_keys_per_s"]),
                 2e6,
-                detail=", ".join(f"up to {c['stored_keys']:,}: {c['register_keys_per_s']:,.0f}" for c in one),
+                detail=", ".join(f"up to {c['stored_keys']:,}: {num(c['register_keys_per_s']):,.0f}" for c in one),
             )
         )
-    p50 = {k: c["calls"][small]["lookup_p50_ms"] for k, c in cfgs.items()}
-    p99 = {k: c["calls"][small]["lookup_p99_ms"] for k, c in cfgs.items()}
+    p50 = {k: num(call(c, small, "lookup_p50_ms")) for k, c in cfgs.items()}
+    p99 = {k: num(call(c, small, "lookup_p99_ms")) for k, c in cfgs.items()}
     if p99:
         worst_k = max(p50, key=lambda k: p50[k])
         out.append(
@@ -478,66 +530,73 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 detail=f"{worst_k}; {_floor_detail(cfgs[worst_k], 'p99')}",
             )
         )
-    bpk = {k: c["bytes_per_key"] for k, c in cfgs.items()}
+    bpk = {k: num(c["bytes_per_key"]) for k, c in cfgs.items()}
     if bpk:
         worst_k = max(bpk, key=lambda k: bpk[k])
         out.append(
             target("directory bytes per key (worst config)", bpk[worst_k], 48.0, higher_is_better=False, detail=worst_k)
         )
-    for count in result["config"]["keys"]:
-        row = sorted((c["shards"], c) for c in cfgs.values() if c["stored_keys"] == count)
+    for count in entries(section(result["config"])["keys"]):
+        row = sorted(
+            ((int(num(c["shards"])), c) for c in cfgs.values() if c["stored_keys"] == count), key=lambda p: p[0]
+        )
         if len(row) < 2:
             continue
         for metric, label in (("seq", "sequential"), ("pipe", "pipelined")):
             vals = [
-                (n, c["calls"][big]["lookup_keys_per_s"] if metric == "seq" else c["lookup_keys_per_s_pipelined"])
+                (n, call(c, big, "lookup_keys_per_s") if metric == "seq" else number(c["lookup_keys_per_s_pipelined"]))
                 for n, c in row
             ]
             growth = ratio(vals[-1][1], vals[0][1])
             out.append(
                 target(
-                    f"keys/s {vals[-1][0]} shards / 1 shard, {label} {int(big):,}-key calls, {count:,} keys",
+                    f"keys/s {vals[-1][0]} shards / 1 shard, {label} {int(big):,}-key calls, {num(count):,.0f} keys",
                     growth,
                     1.0,
-                    detail=", ".join(f"{n}: {v:,.0f}" for n, v in vals),
+                    detail=", ".join(f"{n}: {num(v):,.0f}" for n, v in vals),
                 )
             )
     return out
 
 
-def _floor_detail(config: dict[str, Any], q: str) -> str:
-    floor = config.get("floor") or {}
+def _floor_detail(config: Report, q: str) -> str:
+    floor = section(config.get("floor"))
     if not floor:
         return "floor not measured"
-    return f"no-op call {floor[f'ping_{q}_ms']:.2f} ms, 1-key lookup {floor[f'one_key_{q}_ms']:.2f} ms"
+    return f"no-op call {num(floor[f'ping_{q}_ms']):.2f} ms, 1-key lookup {num(floor[f'one_key_{q}_ms']):.2f} ms"
 
 
-def format_result(result: dict[str, Any]) -> str:
-    cfg = result["config"]
+def format_result(result: Report) -> str:
+    cfg = section(result["config"])
+    configs = [section(c) for c in section(result["configs"]).values()]
+    machine_info = section(result["machine"])
+    big = str(max(int(num(n)) for n in entries(cfg["call_sizes"])))
+    fewest = min(num(n) for n in entries(cfg["keys"]))
     rows = []
-    for c in result["configs"].values():
-        for size, m in c["calls"].items():
+    for c in configs:
+        for size, mv in section(c["calls"]).items():
+            m = section(mv)
             rows.append(
                 [
                     c["shards"],
-                    f"{c['stored_keys']:,}",
+                    f"{num(c['stored_keys']):,.0f}",
                     f"{int(size):,}",
                     m["lookup_keys_per_s"],
                     m["lookup_p50_ms"],
                     m["lookup_p99_ms"],
                     m.get("shard_cpu_us_per_key"),
                     c["bytes_per_key"],
-                    c["lookup_keys_per_s_pipelined"] if size == str(max(cfg["call_sizes"])) else None,
+                    c["lookup_keys_per_s_pipelined"] if size == big else None,
                 ]
             )
     reg = [
-        [c["shards"], f"{c['stored_keys']:,}", c["register_keys_per_s"], c["register_cpu_us_per_key"]]
-        for c in result["configs"].values()
+        [c["shards"], f"{num(c['stored_keys']):,.0f}", c["register_keys_per_s"], c["register_cpu_us_per_key"]]
+        for c in configs
     ]
     parts = [
         f"directory: {cfg['key_bytes']}-byte keys, one caller; pipelined = {cfg['pipeline']} calls in flight; "
-        f"load average {result['machine'].get('loadavg_1m')} at start,"
-        f" {result['machine'].get('loadavg_1m_at_end')} at end",
+        f"load average {machine_info.get('loadavg_1m')} at start,"
+        f" {machine_info.get('loadavg_1m_at_end')} at end",
         table(
             (
                 "shards",
@@ -564,17 +623,17 @@ def format_result(result: dict[str, Any]) -> str:
                     f["one_key_p50_ms"],
                     f["one_key_p99_ms"],
                 ]
-                for c in result["configs"].values()
-                if (f := c.get("floor")) and c["stored_keys"] == min(cfg["keys"])
+                for c in configs
+                if (f := section(c.get("floor"))) and c["stored_keys"] == fewest
             ],
         ),
         "\nregistration: sequential 100,000-key calls, one caller",
         table(("shards", "stored keys (up to)", "keys/s", "shard CPU us/key"), reg),
     ]
-    conc = result.get("concurrent")
+    conc = section(result.get("concurrent"))
     if conc:
         parts += [
-            f"\n{conc['clients']} simulated engines on one shard for {conc['seconds']:.1f} s: each step looks up "
+            f"\n{conc['clients']} simulated engines on one shard for {num(conc['seconds']):.1f} s: each step looks up "
             f"{cfg['step_lookups']} keys (half stored), registers {cfg['step_registers']}"
             f" and evicts {cfg['step_registers']}",
             table(

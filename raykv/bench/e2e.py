@@ -35,10 +35,26 @@ import argparse
 import sys
 import tempfile
 import time
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from raykv.bench.common import machine, percentile, ratio, table, target, targets_table
+from ray.actor import ActorHandle
+
+from raykv.bench.common import (
+    as_json,
+    machine,
+    num,
+    number,
+    percentile,
+    ratio,
+    section,
+    table,
+    target,
+    targets_table,
+)
 from raykv.bench.cpu import cpu_by_role, cpu_delta
+from raykv.core.wire import JsonValue, Report
+from raykv.demo.messages import Completion
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
     chunk_bytes,
@@ -58,11 +74,13 @@ CONFIGS = ("engine_hit", "no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv
 #: raykv's configs: its defaults; ``lookup_wait_ms=0`` (a request's first
 #: lookup never waits for the directory: its answers come one step later); and
 #: the fs tier alone (each block stored once, as under ``vllm_fs``).
-RAYKV_SETTINGS: dict[str, dict[str, Any]] = {
+RAYKV_SETTINGS: dict[str, dict[str, JsonValue]] = {
     "raykv": {},
     "raykv_no_wait": {"lookup_wait_ms": 0.0},
-    "raykv_fs": {"tiers": ("fs",)},
+    "raykv_fs": {},
 }
+#: The tiers of each raykv config (default: object_store, then fs).
+RAYKV_TIERS: dict[str, tuple[str, ...]] = {"raykv_fs": ("fs",)}
 #: The default run leaves ``raykv_fs`` out (``--configs`` names it).
 DEFAULT_CONFIGS = CONFIGS[:-1]
 HIT_PREFIX_TOKENS = 1024
@@ -93,7 +111,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
+def _kv_config(name: str, chunk: int, root: str) -> dict[str, JsonValue] | None:
     from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config
 
     cpu = PRIMARY_CHUNKS * chunk
@@ -106,19 +124,19 @@ def _kv_config(name: str, chunk: int, root: str) -> dict[str, Any] | None:
     return raykv_kv_transfer_config(_raykv_config(name, root), cpu_bytes=cpu)
 
 
-def _raykv_config(name: str, root: str) -> dict[str, Any]:
+def _raykv_config(name: str, root: str) -> dict[str, JsonValue]:
     """raykv as config ``name`` runs it; each config has its own fs root (a
     root outlives its actor: a later config would start warm)."""
     settings = dict(RAYKV_SETTINGS[name])
-    wanted = settings.pop("tiers", ("object_store", "fs"))
-    tiers = {
+    wanted = RAYKV_TIERS.get(name, ("object_store", "fs"))
+    tiers: dict[str, JsonValue] = {
         "object_store": {"type": "object_store", "capacity_bytes": 256 << 20},
         "fs": {"type": "fs", "root": f"{root}/{name}-fs", "capacity_bytes": 1 << 30},
     }
     return {"namespace": NAMESPACE, **settings, "tiers": [tiers[t] for t in wanted]}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> Report:
     """Run every configuration on one embedded cluster; returns the JSON result."""
     import ray
     from tqdm import tqdm
@@ -151,10 +169,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine()
     cluster, nodes = start_local_cluster(args.replicas)
     progress = tqdm(total=len(configs) * len(trace), file=sys.stderr, disable=args.no_progress, unit="req")
-    per_config: dict[str, Any] = {}
-    probes: dict[str, dict[str, Any]] = {}
+    per_config: dict[str, Report] = {}
+    probes: dict[str, Report] = {}
     lookups: dict[str, dict[str, float]] = {}
-    raw: dict[str, list[dict[str, Any]]] = {}
+    raw: dict[str, list[Completion]] = {}
     cpu: dict[str, dict[str, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
@@ -177,23 +195,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     warm_prefix=oracle_per_request if name == "engine_hit" else None,
                     output_tokens=output_tokens,
                 )
-                cpu[name] = after.pop("cpu")
-                trace_s = after.pop("trace_s")
-                drops = after.pop("cascade_dropped_blocks")
-                by_source = after.pop("hits_by_source")
-                if "probe" in after:
-                    probes[name] = after["probe"]
-                if "lookups" in after:
-                    lookups[name] = after["lookups"]
+                assert after is not None
+                cpu[name] = after.cpu
+                trace_s = after.trace_s
+                drops = after.cascade_dropped_blocks
+                by_source = after.hits_by_source
+                if after.probe is not None:
+                    probes[name] = after.probe
+                if after.lookups is not None:
+                    lookups[name] = after.lookups
                 wall = time.perf_counter() - t0
                 if services is not None:
                     services.shutdown()
                 raw[name] = results
-                busy = sum(r["ttft_ms"] for r in results) / 1000
-                ttft = [r["ttft_ms"] for r in results]
-                promoted = [r["ttft_ms"] for r in results if r["cached_tokens"] >= HIT_PREFIX_TOKENS]
-                hits = sum(r["cached_tokens"] for r in results)
-                tpot = [r["decode_ms_per_token"] for r in results if r["decode_ms_per_token"] is not None]
+                busy = sum(r.ttft_ms for r in results) / 1000
+                ttft = [r.ttft_ms for r in results]
+                promoted = [r.ttft_ms for r in results if r.cached_tokens >= HIT_PREFIX_TOKENS]
+                hits = sum(r.cached_tokens for r in results)
+                tpot = [r.decode_ms_per_token for r in results if r.decode_ms_per_token is not None]
                 per_config[name] = {
                     "hit_tokens": hits,
                     "hit_rate": hits / prompt_tokens,
@@ -209,15 +228,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     # blocks computed that never reached the CPU primary (full), so no tier got them
                     "cascade_dropped_blocks": drops,
                     # vLLM's prompt_tokens_cached_by_source over the trace (engine cache, each tier)
-                    "hits_by_source": by_source,
-                    "hits_by_source_of_oracle": {k: v / oracle for k, v in by_source.items()} if oracle else {},
+                    "hits_by_source": as_json(by_source),
+                    "hits_by_source_of_oracle": as_json(
+                        {k: v / oracle for k, v in by_source.items()} if oracle else {}
+                    ),
                     "wall_s_with_replica_start": wall,
                 }
     finally:
         progress.close()
         ray.shutdown()
         cluster.shutdown()
-    result: dict[str, Any] = {
+    result: Report = {
         "benchmark": "e2e",
         "machine": info,
         "model": model_name,
@@ -230,25 +251,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens,
         "oracle_hit_tokens": oracle,
         "oracle_hit_rate": oracle / prompt_tokens,
-        "configs": per_config,
+        "configs": as_json(per_config),
     }
-    result["share_of_oracle"] = {name: c["hit_rate"] / result["oracle_hit_rate"] for name, c in per_config.items()}
+    oracle_rate = oracle / prompt_tokens
+    result["share_of_oracle"] = {name: num(c["hit_rate"]) / oracle_rate for name, c in per_config.items()}
     result["hit_speedup"] = _hit_speedup(raw)
     result["prefix_probe"] = next((probes[n] for n in RAYKV_SETTINGS if n in probes), None)
-    result["prefix_probes"] = probes
+    result["prefix_probes"] = as_json(probes)
     result["floor_ratio"] = _floor_ratio(raw, per_config, probes)
-    result["raykv_lookups"] = lookups
-    result["trace_cpu_s"] = cpu
+    result["raykv_lookups"] = as_json(lookups)
+    result["trace_cpu_s"] = as_json(cpu)
     result["targets"] = _targets(result)
     return result
 
 
+@dataclass
+class AfterTrace:
+    """What a config's ``after`` step measured once its trace was served."""
+
+    cpu: dict[str, float] = field(default_factory=dict)
+    trace_s: float = 0.0
+    cascade_dropped_blocks: int = 0
+    hits_by_source: dict[str, float] = field(default_factory=dict)
+    probe: Report | None = None
+    lookups: dict[str, float] | None = None
+
+
+#: A config's own step after its trace (``_after_trace``): fills in the probe, lookups.
+AfterStep = Callable[[list[ActorHandle]], AfterTrace]
+
+
 class _TraceCpu:
     """CPU seconds per process role over one config's trace (``before`` and the start
-    of ``after``), then that config's own ``after`` step; ``after`` returns a dict with
-    ``cpu`` and what the step returned."""
+    of ``after``), then that config's own ``after`` step."""
 
-    def __init__(self, then: Any) -> None:
+    def __init__(self, then: AfterStep | None) -> None:
         self.then = then
         self.start: dict[int, tuple[str, float]] = {}
         self.t0 = 0.0
@@ -257,45 +294,47 @@ class _TraceCpu:
         self.start = cpu_by_role()
         self.t0 = time.perf_counter()
 
-    def after(self, replicas: list[Any]) -> dict[str, Any]:
+    def after(self, replicas: list[ActorHandle]) -> AfterTrace:
         import ray
 
         trace_s = time.perf_counter() - self.t0
         spent = cpu_delta(self.start, cpu_by_role())
         drops = sum(ray.get([r.cascade_drops.remote() for r in replicas], timeout=120))
         by_source: dict[str, float] = {}
-        for hits in ray.get([r.hits_by_source.remote() for r in replicas], timeout=120):
+        every: list[dict[str, float]] = ray.get([r.hits_by_source.remote() for r in replicas], timeout=120)
+        for hits in every:
             for source, tokens in hits.items():
                 by_source[source] = by_source.get(source, 0.0) + tokens
-        out = dict(self.then(replicas)) if self.then is not None else {}
-        out["cpu"] = spent
-        out["trace_s"] = trace_s
-        out["cascade_dropped_blocks"] = drops
-        out["hits_by_source"] = {k: v for k, v in by_source.items() if v}
+        out = self.then(replicas) if self.then is not None else AfterTrace()
+        out.cpu = spent
+        out.trace_s = trace_s
+        out.cascade_dropped_blocks = drops
+        out.hits_by_source = {k: v for k, v in by_source.items() if v}
         return out
 
 
-def _after_trace(name: str) -> Any:
+def _after_trace(name: str) -> AfterStep | None:
     """What runs after config ``name``'s trace: raykv's lookup counts and the
     1k-prefix probe (raykv configs), the probe alone (``vllm_fs``), the probe
     on one replica (``engine_hit``: the prefix from the engine's own cache)."""
     if name in RAYKV_SETTINGS:
         return _lookups_then_probe
     if name == "vllm_fs":
-        return lambda replicas: {"probe": _prefix_probe(replicas)}
+        return lambda replicas: AfterTrace(probe=_prefix_probe(replicas))
     if name == "engine_hit":
-        return lambda replicas: {"probe": _prefix_probe(replicas, same_replica=True)}
+        return lambda replicas: AfterTrace(probe=_prefix_probe(replicas, same_replica=True))
     return None
 
 
-def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
+def _lookups_then_probe(replicas: list[ActorHandle]) -> AfterTrace:
     """After a raykv config's trace: its tiers' lookup answers (HIT / MISS /
     RETRY, summed over replicas), then the 1k-prefix probe."""
     import ray
 
     totals: dict[str, float] = {}
     rtts = []
-    for counts in ray.get([r.raykv_lookups.remote() for r in replicas], timeout=120):
+    answers: list[dict[str, float]] = ray.get([r.raykv_lookups.remote() for r in replicas], timeout=120)
+    for counts in answers:
         rtt = counts.pop("rtt_ms", None)
         if rtt is not None:
             rtts.append(rtt)
@@ -303,10 +342,10 @@ def _lookups_then_probe(replicas: list[Any]) -> dict[str, Any]:
             totals[k] = totals.get(k, 0.0) + v
     if rtts:
         totals["rtt_ms"] = sum(rtts) / len(rtts)
-    return {"lookups": totals, "probe": _prefix_probe(replicas)}
+    return AfterTrace(lookups=totals, probe=_prefix_probe(replicas))
 
 
-def _prefix_probe(replicas: list[Any], rounds: int = 7, same_replica: bool = False) -> dict[str, Any]:
+def _prefix_probe(replicas: list[ActorHandle], rounds: int = 7, same_replica: bool = False) -> Report:
     """TTFT of a 1k-token-prefix prompt computed cold on one replica, then on the
     next replica, where the whole prefix comes from the cache under test
     (cross-node); ``same_replica``: again on the first replica, from its own
@@ -315,15 +354,19 @@ def _prefix_probe(replicas: list[Any], rounds: int = 7, same_replica: bool = Fal
 
     from raykv.demo.tiny_model import make_prompt_tokens
 
-    cold, hit, cached = [], [], []
+    cold: list[float] = []
+    hit: list[float] = []
+    cached: list[float] = []
     for i in range(rounds):
         prompt = make_prompt_tokens(PROBE_PROMPT_TOKENS, seed=77_000 + i)
         a = replicas[i % len(replicas)]
         b = a if same_replica else replicas[(i + 1) % len(replicas)]
-        cold.append(ray.get(a.generate.remote(prompt), timeout=600)["ttft_ms"])
-        out = ray.get(b.generate.remote(prompt), timeout=600)
-        hit.append(out["ttft_ms"])
-        cached.append(out["cached_tokens"])
+        computing: ray.ObjectRef[Completion] = a.generate.remote(prompt)
+        cold.append(ray.get(computing, timeout=600).ttft_ms)
+        loading: ray.ObjectRef[Completion] = b.generate.remote(prompt)
+        out = ray.get(loading, timeout=600)
+        hit.append(out.ttft_ms)
+        cached.append(out.cached_tokens)
     c50, h50 = percentile(cold, 50), percentile(hit, 50)
     return {
         "prompt_tokens": PROBE_PROMPT_TOKENS,
@@ -335,38 +378,38 @@ def _prefix_probe(replicas: list[Any], rounds: int = 7, same_replica: bool = Fal
 
 
 def _floor_ratio(
-    raw: dict[str, list[dict[str, Any]]], per_config: dict[str, Any], probes: dict[str, dict[str, Any]]
-) -> dict[str, Any] | None:
+    raw: dict[str, list[Completion]], per_config: dict[str, Report], probes: dict[str, Report]
+) -> Report | None:
     """raykv's TTFT over the ``engine_hit`` floor's (1.0 is the best any cache can do),
     beside raykv's over ``no_offload``'s and ``vllm_fs``'s."""
     if "raykv" not in raw:
         return None
-    ours = per_config["raykv"]["ttft_p50_ms"]
-    promoted = [i for i, r in enumerate(raw["raykv"]) if r["cached_tokens"] >= HIT_PREFIX_TOKENS]
+    ours = number(per_config["raykv"]["ttft_p50_ms"])
+    promoted = [i for i, r in enumerate(raw["raykv"]) if r.cached_tokens >= HIT_PREFIX_TOKENS]
 
     def p50_at(name: str, idx: list[int]) -> float | None:
-        return percentile([raw[name][i]["ttft_ms"] for i in idx], 50) if name in raw and idx else None
+        return percentile([raw[name][i].ttft_ms for i in idx], 50) if name in raw and idx else None
 
-    out: dict[str, Any] = {}
+    out: Report = {}
     for name in ("engine_hit", "no_offload", "vllm_fs"):
         if name in per_config:
-            out[f"ttft_p50_to_{name}"] = ratio(ours, per_config[name]["ttft_p50_ms"])
+            out[f"ttft_p50_to_{name}"] = ratio(ours, number(per_config[name]["ttft_p50_ms"]))
             out[f"ttft_p50_promoted_to_{name}"] = ratio(p50_at("raykv", promoted), p50_at(name, promoted))
-    floor_probe = probes.get("engine_hit", {}).get("raykv_ttft_p50_ms")
-    our_probe = probes.get("raykv", {}).get("raykv_ttft_p50_ms")
+    floor_probe = number(probes.get("engine_hit", {}).get("raykv_ttft_p50_ms"))
+    our_probe = number(probes.get("raykv", {}).get("raykv_ttft_p50_ms"))
     out["probe_to_engine_hit"] = ratio(our_probe, floor_probe)
     out["promoted_requests"] = len(promoted)
     return out
 
 
-def _hit_speedup(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
+def _hit_speedup(raw: dict[str, list[Completion]]) -> Report | None:
     """TTFT of recompute over TTFT from raykv, for requests raykv served >= 1k prefix tokens."""
     if "raykv" not in raw or "no_offload" not in raw:
         return None
     pairs = [
-        (base["ttft_ms"], ours["ttft_ms"])
+        (base.ttft_ms, ours.ttft_ms)
         for base, ours in zip(raw["no_offload"], raw["raykv"])
-        if ours["cached_tokens"] >= HIT_PREFIX_TOKENS and base["cached_tokens"] < HIT_PREFIX_TOKENS
+        if ours.cached_tokens >= HIT_PREFIX_TOKENS and base.cached_tokens < HIT_PREFIX_TOKENS
     ]
     if not pairs:
         return {"requests": 0}
@@ -380,14 +423,20 @@ def _hit_speedup(raw: dict[str, list[dict[str, Any]]]) -> dict[str, Any] | None:
     }
 
 
-def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    cfg = r["configs"]
+def _targets(r: Report) -> JsonValue:
+    out: list[JsonValue] = []
+    cfg = section(r["configs"])
     if "raykv" in cfg:
-        out.append(target("raykv hit rate / oracle", cfg["raykv"]["hit_rate"] / r["oracle_hit_rate"], 0.9))
-    fs = cfg.get("vllm_fs", {}).get("ttft_p50_promoted_ms")
+        out.append(
+            target(
+                "raykv hit rate / oracle",
+                ratio(number(section(cfg["raykv"])["hit_rate"]), number(r["oracle_hit_rate"])),
+                0.9,
+            )
+        )
+    fs = number(section(cfg.get("vllm_fs")).get("ttft_p50_promoted_ms"))
     for name in RAYKV_SETTINGS:
-        ours = cfg.get(name, {}).get("ttft_p50_promoted_ms")
+        ours = number(section(cfg.get(name)).get("ttft_p50_promoted_ms"))
         if fs and ours:
             out.append(
                 target(
@@ -398,24 +447,24 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
                     detail=f"{ours:.1f} vs {fs:.1f} ms",
                 )
             )
-    floor = r.get("floor_ratio") or {}
-    if floor.get("probe_to_engine_hit") is not None:
-        probes = r["prefix_probes"]
+    floor = section(r.get("floor_ratio"))
+    if number(floor.get("probe_to_engine_hit")) is not None:
+        probes = section(r["prefix_probes"])
         out.append(
             target(
                 "1k-prefix probe TTFT raykv / engine_hit floor",
-                floor["probe_to_engine_hit"],
+                number(floor["probe_to_engine_hit"]),
                 1.5,
                 higher_is_better=False,
-                detail=f"{probes['raykv']['raykv_ttft_p50_ms']:.1f} vs "
-                f"{probes['engine_hit']['raykv_ttft_p50_ms']:.1f} ms",
+                detail=f"{section(probes['raykv'])['raykv_ttft_p50_ms']:.1f} vs "
+                f"{section(probes['engine_hit'])['raykv_ttft_p50_ms']:.1f} ms",
             )
         )
-    probe = r.get("prefix_probe") or {}
+    probe = section(r.get("prefix_probe"))
     out.append(
         target(
             "TTFT recompute / TTFT raykv hit (1k-token prefix, other replica)",
-            probe.get("speedup"),
+            number(probe.get("speedup")),
             3.0,
             detail=f"{probe.get('prompt_tokens', 0)}-token prompts, {probe.get('cached_tokens_p50', 0):.0f} cached",
         )
@@ -423,26 +472,31 @@ def _targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def format_result(r: dict[str, Any]) -> str:
-    rows = [
-        (
-            name,
-            c["hit_tokens"],
-            f"{c['hit_rate']:.0%}",
-            f"{r['share_of_oracle'][name]:.0%}",
-            c["ttft_p50_ms"],
-            c["ttft_p99_ms"],
-            c.get("ttft_p50_promoted_ms"),
-            c.get("tpot_p50_ms"),
-            c.get("requests_per_s"),
+def format_result(r: Report) -> str:
+    """The tables of a result (its JSON report, read as it was written)."""
+    configs = section(r["configs"])
+    share = section(r["share_of_oracle"])
+    rows: list[tuple[object, ...]] = []
+    for name, cv in configs.items():
+        c = section(cv)
+        rows.append(
+            (
+                name,
+                c["hit_tokens"],
+                f"{num(c['hit_rate']):.0%}",
+                f"{num(share[name]):.0%}",
+                c["ttft_p50_ms"],
+                c["ttft_p99_ms"],
+                c.get("ttft_p50_promoted_ms"),
+                c.get("tpot_p50_ms"),
+                c.get("requests_per_s"),
+            )
         )
-        for name, c in r["configs"].items()
-    ]
     rows.append(
         (
             "oracle (one unbounded cache)",
             r["oracle_hit_tokens"],
-            f"{r['oracle_hit_rate']:.0%}",
+            f"{num(r['oracle_hit_rate']):.0%}",
             "100%",
             None,
             None,
@@ -470,56 +524,60 @@ def format_result(r: dict[str, Any]) -> str:
         "requests/s",
     )
     out = [table(cols, rows, title=head)]
-    for name, counts in (r.get("raykv_lookups") or {}).items():
+    for name, cv in section(r.get("raykv_lookups")).items():
+        counts = section(cv)
         out.append(
-            f"{name} lookups: {counts.get('hits', 0):.0f} HIT, {counts.get('misses', 0):.0f} MISS, "
-            f"{counts.get('retries', 0):.0f} RETRY (answered a step later); directory round trip "
-            f"{counts.get('rtt_ms', float('nan')):.1f} ms (mean over replicas, smoothed)"
+            f"{name} lookups: {number(counts.get('hits')) or 0:.0f} HIT, {number(counts.get('misses')) or 0:.0f} MISS, "
+            f"{number(counts.get('retries')) or 0:.0f} RETRY (answered a step later); directory round trip "
+            f"{num(counts.get('rtt_ms')):.1f} ms (mean over replicas, smoothed)"
         )
-    speed = r.get("hit_speedup")
-    if speed and speed.get("requests"):
+    speed = section(r.get("hit_speedup"))
+    if speed.get("requests"):
         out.append(
             f"\nrequests with >= {HIT_PREFIX_TOKENS} prefix tokens from raykv: {speed['requests']}; TTFT p50 "
-            f"{speed['recompute_ttft_p50_ms']:.0f} ms recomputed vs {speed['raykv_ttft_p50_ms']:.0f} ms from raykv "
-            f"({speed['speedup']:.1f}x)"
+            f"{num(speed['recompute_ttft_p50_ms']):.0f} ms recomputed vs {num(speed['raykv_ttft_p50_ms']):.0f} ms "
+            f"from raykv ({num(speed['speedup']):.1f}x)"
         )
-    probe = r.get("prefix_probe")
+    probe = section(r.get("prefix_probe"))
     if probe:
         out.append(
             f"1k-prefix probe: {probe['prompt_tokens']}-token prompts, computed on one replica in "
-            f"{probe['recompute_ttft_p50_ms']:.0f} ms (p50), then on the next replica from raykv in "
-            f"{probe['raykv_ttft_p50_ms']:.0f} ms ({probe['speedup']:.1f}x)"
+            f"{num(probe['recompute_ttft_p50_ms']):.0f} ms (p50), then on the next replica from raykv in "
+            f"{num(probe['raykv_ttft_p50_ms']):.0f} ms ({num(probe['speedup']):.1f}x)"
         )
-    for name, p in (r.get("prefix_probes") or {}).items():
+    for name, pv in section(r.get("prefix_probes")).items():
+        p = section(pv)
         where = "again on the same replica, from its own cache" if name == "engine_hit" else "on the next replica"
         out.append(
-            f"  probe under {name}: recompute {p['recompute_ttft_p50_ms']:.1f} ms, {where} "
-            f"{p['raykv_ttft_p50_ms']:.1f} ms, {p['cached_tokens_p50']:.0f} tokens cached"
+            f"  probe under {name}: recompute {num(p['recompute_ttft_p50_ms']):.1f} ms, {where} "
+            f"{num(p['raykv_ttft_p50_ms']):.1f} ms, {num(p['cached_tokens_p50']):.0f} tokens cached"
         )
-    for name, c in r["configs"].items():
-        shares = c.get("hits_by_source_of_oracle") or {}
+    for name, cv in configs.items():
+        shares = section(section(cv).get("hits_by_source_of_oracle"))
         if shares:
             out.append(
                 f"{name} hits by source, share of the oracle's: "
-                + ", ".join(f"{src} {share:.0%}" for src, share in sorted(shares.items()))
+                + ", ".join(f"{src} {num(v):.0%}" for src, v in sorted(shares.items()))
             )
-    drops = {name: c.get("cascade_dropped_blocks") for name, c in r["configs"].items()}
+    drops = {name: section(cv).get("cascade_dropped_blocks") for name, cv in configs.items()}
     out.append(
         "blocks vLLM's cascade dropped (CPU primary full): "
         + ", ".join(f"{name} {n}" for name, n in drops.items() if n is not None)
     )
-    for name, roles in (r.get("trace_cpu_s") or {}).items():
+    for name, rv in section(r.get("trace_cpu_s")).items():
+        roles = {role: num(v) for role, v in section(rv).items()}
         top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])
         out.append(f"CPU seconds over the {name} trace: {sum(roles.values()):.1f} ({top})")
-    floor = r.get("floor_ratio")
+    floor = section(r.get("floor_ratio"))
     if floor:
         parts = [
-            f"{k.removeprefix('ttft_p50_').replace('_', ' ')} {v:.2f}x"
+            f"{k.removeprefix('ttft_p50_').replace('_', ' ')} {x:.2f}x"
             for k, v in floor.items()
-            if k.startswith("ttft_p50_") and v is not None
+            if k.startswith("ttft_p50_") and (x := number(v)) is not None
         ]
         out.append("raykv TTFT p50 over: " + ", ".join(parts))
-        if floor.get("probe_to_engine_hit") is not None:
-            out.append(f"raykv 1k-prefix probe over the engine_hit floor's: {floor['probe_to_engine_hit']:.2f}x")
+        to_floor = number(floor.get("probe_to_engine_hit"))
+        if to_floor is not None:
+            out.append(f"raykv 1k-prefix probe over the engine_hit floor's: {to_floor:.2f}x")
     out.append("\n" + targets_table(r["targets"]))
     return "\n".join(out)

@@ -37,11 +37,29 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple, NotRequired, TypedDict, final
 
-from raykv.bench.common import machine, percentile, table, target, targets_table
+from raykv.bench.common import (
+    Failed,
+    Tokenizer,
+    as_json,
+    decode,
+    machine,
+    number,
+    percentile,
+    section,
+    table,
+    target,
+    targets_table,
+)
 from raykv.bench.serve_app import ENGINE_BLOCKS, bench_app, start_cluster
+from raykv.core.wire import HolderInfo, JsonValue, Report
 from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
+
+if TYPE_CHECKING:
+    from raykv.demo.replicas import Progress
+    from raykv.serve.routing import EngineLayout
+    from raykv.services.cluster import RaykvServices
 
 HELP = "Ray Serve LLM replicas under Serve's default, prefix-affinity and raykv routers: hits by source, TTFT, load"
 
@@ -84,13 +102,13 @@ class Session:
     late: bool
 
 
-def build_sessions(sessions: int, turns: int, tenants: int, tokenizer: Any, seed: int = 7) -> list[Session]:
+def build_sessions(sessions: int, turns: int, tenants: int, tokenizer: Tokenizer, seed: int = 7) -> list[Session]:
     """Sessions of ``tenants`` tenants: a ~3-block system prompt per tenant, then
     per turn 1-2 blocks of text (a user message and an answer) appended to the history."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
     def text(n_tokens: int, s: int) -> str:
-        return tokenizer.decode(make_prompt_tokens(n_tokens, s), skip_special_tokens=True)
+        return decode(tokenizer, make_prompt_tokens(n_tokens, s))
 
     rng = random.Random(seed)
     system = [text(3 * BLOCK, 50_000 + t) for t in range(tenants)]
@@ -105,6 +123,73 @@ def build_sessions(sessions: int, turns: int, tenants: int, tokenizer: Any, seed
         late = s >= sessions - max(1, sessions // 4)
         out.append(Session(s, s % tenants, history, [list(tokenizer.encode(p)) for p in history], late))
     return out
+
+
+class RequestRecord(TypedDict):
+    """One answered request of the trace (``_drive``)."""
+
+    session: int
+    replica: str | None  # the replica that computed it (None: not attributed)
+    prompt_tokens: int
+    cached_tokens: int
+    engine_hit_tokens: int  # of the cached tokens, those from the serving engine's own cache
+    ttft_ms: float
+    at: float  # seconds since the trace started, when it answered
+
+
+@final  # so that ``"error" in r`` tells a failure (``Failed``) from a summary
+class RouterSummary(TypedDict):
+    """One router's figures over the trace (``_summary``, then ``_run_router``'s additions)."""
+
+    engine_hit_tokens: int
+    raykv_hit_tokens: int
+    recomputed_tokens: int
+    prompt_tokens: int
+    oracle_share: dict[str, float]
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    requests_per_s: float
+    max_load_share: float
+    requests_per_replica: list[int]
+    unattributed_requests: int
+    engine_nodes: NotRequired[int]
+    router_ms_per_request: NotRequired[float | None]  # the raykv router's only
+    router_stage_ms: NotRequired[dict[str, float]]
+    cascade_dropped_blocks: NotRequired[int]
+
+
+class RoutingResult(TypedDict):
+    """The JSON result of ``raykv bench routing``."""
+
+    benchmark: str
+    machine: Report
+    replicas: int
+    sessions: int
+    turns: int
+    tenants: int
+    concurrency: int
+    requests: int
+    model: str
+    engine_blocks: int
+    primary_chunks: int
+    cpu_bytes: int
+    oracle_hit_tokens: int
+    routers: dict[str, RouterSummary | Failed]
+    targets: list[Report]
+
+
+class Usage(NamedTuple):
+    """The token counts of a completion's ``usage``."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+
+def usage_of(usage: JsonValue) -> Usage:
+    """An OpenAI ``usage`` object's prompt tokens and cached prompt tokens (0 when absent)."""
+    u = section(usage)
+    cached = number(section(u.get("prompt_tokens_details")).get("cached_tokens"))
+    return Usage(int(number(u.get("prompt_tokens")) or 0), int(cached or 0))
 
 
 def oracle_hit_tokens(sessions: list[Session]) -> int:
@@ -143,7 +228,7 @@ def primary_chunks(args: argparse.Namespace) -> int:
     return chunks
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> RoutingResult:
     """Run the trace under each router; returns the JSON result."""
     import ray
     from tqdm import tqdm
@@ -171,7 +256,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     info = machine()
     cluster = start_cluster(args.replicas)
     progress = tqdm(total=len(routers) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
-    per_router: dict[str, Any] = {}
+    per_router: dict[str, RouterSummary | Failed] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-routing-") as root:
             for name in routers:
@@ -210,10 +295,10 @@ def _run_router(
     root: str,
     args: argparse.Namespace,
     sessions: list[Session],
-    progress: Any,
+    progress: Progress,
     cpu_bytes: int,
     oracle: int,
-) -> dict[str, Any]:
+) -> RouterSummary:
     from ray import serve
 
     import raykv
@@ -239,7 +324,7 @@ def _run_router(
         before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
         summary = _summary(results, oracle)
-        summary["engine_nodes"] = len({e["node_id"] for e in engines})  # one replica per simulated node
+        summary["engine_nodes"] = len({e.node_id for e in engines})  # one replica per simulated node
         if before is not None:
             summary["router_ms_per_request"], summary["router_stage_ms"] = _router_cost_ms(before)
         summary["cascade_dropped_blocks"] = cascade_drops(namespace)
@@ -322,12 +407,12 @@ def _router_cost_ms(before: tuple[float, float, dict[str, float]]) -> tuple[floa
 class EngineWatch:
     """Reads the engines' caches from the directory (leading blocks per replica, who computed a block)."""
 
-    def __init__(self, services: Any, model: str) -> None:
+    def __init__(self, services: RaykvServices, model: str) -> None:
         self.services = services
         self.model = model
-        self._layout: Any = None
+        self._layout: EngineLayout | None = None
 
-    def wait_engines(self, n: int, timeout_s: float = 600) -> list[dict[str, Any]]:
+    def wait_engines(self, n: int, timeout_s: float = 600) -> list[HolderInfo]:
         """Until the app answers and ``n`` engines announced their caches; returns their holders."""
         import requests
 
@@ -339,7 +424,7 @@ class EngineWatch:
                 ok = requests.get("http://127.0.0.1:8000/v1/models", timeout=5).ok
             except requests.RequestException:
                 ok = False
-            engines = [h for h in self.services.holders() if h["medium"] == ENGINE]
+            engines = [h for h in self.services.holders() if h.medium == ENGINE]
             if ok and len(engines) >= n:
                 return engines
             if time.monotonic() > deadline:
@@ -351,7 +436,7 @@ class EngineWatch:
         from raykv.serve.routing import EngineLayout, request_keys
 
         if self._layout is None:
-            found = [(t, i) for t, i in self.services.identities().items() if i.get("model") == self.model]
+            found = [(t, i) for t, i in self.services.identities().items() if i.model == self.model]
             self._layout = EngineLayout.from_identity(*found[0])
         engine, _ = request_keys(block_hashes(tokens, self._layout.tokens_per_hash), self._layout)
         return engine
@@ -388,15 +473,16 @@ class EngineWatch:
             time.sleep(0.05)
 
 
-def _complete(prompt: str | list[int], max_tokens: int = 1) -> tuple[dict[str, Any], float]:
+def _complete(prompt: str, max_tokens: int = 1) -> tuple[Usage, float]:
+    """One completion: its usage and its latency in seconds."""
     import requests
 
-    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    body: dict[str, JsonValue] = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
     t0 = time.perf_counter()
     r = requests.post(URL, json=body, timeout=REQUEST_TIMEOUT_S)
     seconds = time.perf_counter() - t0
     r.raise_for_status()
-    return r.json(), seconds
+    return usage_of(section(as_json(r.json())).get("usage")), seconds
 
 
 def _warm_up(replicas: int) -> None:
@@ -419,10 +505,10 @@ def _warm_up(replicas: int) -> None:
         raise RuntimeError(f"the app failed warm-up requests: {failures[0]!r}")
 
 
-def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Any) -> list[dict[str, Any]]:
+def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Progress) -> list[RequestRecord]:
     """Run the sessions, ``concurrency`` at a time (late ones once half the requests are done)."""
     total = sum(len(s.turns) for s in sessions)
-    results: list[dict[str, Any]] = []
+    results: list[RequestRecord] = []
     failed: list[int] = []
     lock = threading.Lock()
     half_done = threading.Event()
@@ -439,21 +525,21 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
             for prompt, tokens in zip(session.turns, session.tokens):
                 before = watch.leading(tokens)
                 try:
-                    resp, seconds = _complete(prompt)
+                    usage, seconds = _complete(prompt)
                 except Exception:  # noqa: BLE001 - counted; the session goes on
                     with lock:
                         failed.append(session.index)
                     progress.update(1)
                     continue
                 by = watch.computed_by(tokens)
-                cached = int((resp["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                cached = usage.cached_tokens
                 engine_hit = min(cached, before.get(by, 0) * BLOCK) if by else 0
                 with lock:
                     results.append(
                         {
                             "session": session.index,
                             "replica": by,
-                            "prompt_tokens": int(resp["usage"]["prompt_tokens"]),
+                            "prompt_tokens": usage.prompt_tokens,
                             "cached_tokens": cached,
                             "engine_hit_tokens": engine_hit,
                             "ttft_ms": seconds * 1000,
@@ -477,7 +563,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
     return results
 
 
-def _summary(results: list[dict[str, Any]], oracle: int) -> dict[str, Any]:
+def _summary(results: list[RequestRecord], oracle: int) -> RouterSummary:
     ttft = [r["ttft_ms"] for r in results]
     engine = sum(r["engine_hit_tokens"] for r in results)
     cached = sum(r["cached_tokens"] for r in results)
@@ -513,19 +599,19 @@ def oracle_share(engine_hit: int, raykv_hit: int, oracle: int) -> dict[str, floa
     }
 
 
-def _targets(per: dict[str, Any]) -> list[dict[str, Any]]:
+def _targets(per: dict[str, RouterSummary | Failed]) -> list[Report]:
     out = []
-    for name, r in per.items():
-        if "error" not in r:
-            out.append(
-                target(
-                    f"hit tokens / the oracle's, {name} router",
-                    r["oracle_share"]["hits"],
-                    0.9,
-                    detail=f"{r['engine_hit_tokens'] + r['raykv_hit_tokens']} of the oracle's hit tokens",
-                )
+    ok = {name: r for name, r in per.items() if "error" not in r}
+    for name, r in ok.items():
+        out.append(
+            target(
+                f"hit tokens / the oracle's, {name} router",
+                r["oracle_share"]["hits"],
+                0.9,
+                detail=f"{r['engine_hit_tokens'] + r['raykv_hit_tokens']} of the oracle's hit tokens",
             )
-    d, p, k = (per.get(n) if "error" not in per.get(n, {}) else None for n in ROUTERS)
+        )
+    d, p, k = (ok.get(n) for n in ROUTERS)
     if d and k:
         out.append(
             target(
@@ -563,8 +649,8 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{100 * x:.0f}%"
 
 
-def format_result(result: dict[str, Any]) -> str:
-    rows = []
+def format_result(result: RoutingResult) -> str:
+    rows: list[list[object]] = []
     for name, r in result["routers"].items():
         if "error" in r:
             rows.append([name, "failed: " + r["error"][:60], *[""] * 9])
@@ -610,8 +696,10 @@ def format_result(result: dict[str, Any]) -> str:
         ],
         rows,
     )
-    cost = (result["routers"].get("raykv") or {}).get("router_ms_per_request")
-    stages = (result["routers"].get("raykv") or {}).get("router_stage_ms") or {}
+    ours = result["routers"].get("raykv")
+    summary = ours if ours is not None and "error" not in ours else None
+    cost = summary.get("router_ms_per_request") if summary is not None else None
+    stages = summary.get("router_stage_ms", {}) if summary is not None else {}
     split = ", ".join(f"{stage} {ms:.2f}" for stage, ms in stages.items())
     note = f"raykv router: {cost:.2f} ms per decision ({split or 'tokenize, hash, directory, rank'})" if cost else ""
     legend = (

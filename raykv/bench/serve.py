@@ -52,12 +52,28 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, final
 
-from raykv.bench.common import machine, percentile, table, target, targets_table
-from raykv.bench.routing import BLOCK, METRICS_SETTLE_S, oracle_share, primary_chunks, resolve_model
+from raykv.bench.common import (
+    Failed,
+    Tokenizer,
+    decode,
+    machine,
+    number,
+    percentile,
+    section,
+    table,
+    target,
+    targets_table,
+)
+from raykv.bench.routing import BLOCK, METRICS_SETTLE_S, oracle_share, primary_chunks, resolve_model, usage_of
 from raykv.bench.serve_app import ENGINE_BLOCKS
+from raykv.core.wire import JsonValue, Report
 from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
+
+if TYPE_CHECKING:
+    from raykv.demo.replicas import Progress
+    from raykv.services.cluster import RaykvServices
 
 HELP = "a Serve LLM app with and without raykv under concurrent streaming traffic: TTFT, TPOT, requests/s, hits"
 
@@ -131,8 +147,87 @@ class Job:
     tokens: list[list[int]]  # the same prompts as the model's tokenizer splits them (what engines hash)
 
 
+class RequestRecord(TypedDict):
+    """One streamed request (``stream_completion``), then where ``drive`` sent it from."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    e2e_ms: float
+    tpot_ms: float | None  # None: one output token
+    kind: NotRequired[str]  # the job's kind, its number, the turn, when it finished (``drive``)
+    job: NotRequired[int]
+    turn: NotRequired[int]
+    done_s: NotRequired[float]
+
+
+@final  # so that ``"error" in c`` tells a failure (``Failed``) from a summary
+class ConfigSummary(TypedDict):
+    """One configuration's figures (``summary``, then ``_run_config``'s additions)."""
+
+    requests: int
+    wall_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    e2e_p50_ms: float
+    e2e_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    cached_share: float
+    engine_hit_tokens: int | None  # None: unknown
+    raykv_hit_tokens: int | None
+    recomputed_tokens: int
+    hit_tokens_by_source: dict[str, int]
+    oracle_share: dict[str, float] | dict[str, float | None]
+    ttft_p50_ms_by_kind: dict[str, float]
+    cpu_s_by_role: NotRequired[dict[str, float]]
+    cpu_s_per_request: NotRequired[dict[str, float]]
+    router: NotRequired[str]
+    raykv: NotRequired[bool]
+    metrics_cached_tokens: NotRequired[int | None]
+    router_ms_per_request: NotRequired[float | None]
+    router_stage_ms: NotRequired[dict[str, float]]
+    cascade_dropped_blocks: NotRequired[int]
+
+
+class Workload(TypedDict):
+    prefixes: int
+    prefix_tokens: int
+    suffix_tokens: int
+    prompts: int
+    sessions: int
+    turns: int
+    tenants: int
+    seed: int
+
+
+class ServeResult(TypedDict):
+    """The JSON result of ``raykv bench serve``."""
+
+    benchmark: str
+    machine: Report
+    model: str
+    replicas: int
+    concurrency: int
+    output_tokens: int
+    workload: Workload
+    requests: int
+    engine_blocks: int
+    primary_chunks: int
+    cpu_bytes: int
+    oracle_hit_tokens: int
+    configs: dict[str, ConfigSummary | Failed]
+    targets: list[Report]
+
+
 def build_jobs(
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     *,
     prefixes: int,
     prefix_tokens: int,
@@ -153,7 +248,7 @@ def build_jobs(
         raise ValueError(f"--prefixes: at least 1 with prompts, got {prefixes}")
 
     def text(n_tokens: int, s: int) -> str:
-        return tokenizer.decode(make_prompt_tokens(n_tokens, s), skip_special_tokens=True)
+        return decode(tokenizer, make_prompt_tokens(n_tokens, s))
 
     shared = [text(prefix_tokens, 80_000 + p) for p in range(prefixes)] if prompts else []
     jobs = []
@@ -180,16 +275,16 @@ def oracle_hit_tokens(jobs: Sequence[Job]) -> int:
 # ---------------------------------------------------------------- client
 
 
-def stream_completion(url: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S) -> dict[str, Any]:
+def stream_completion(url: str, body: dict[str, JsonValue], timeout_s: float = REQUEST_TIMEOUT_S) -> RequestRecord:
     """POST ``body`` with ``stream: true`` to an OpenAI completions endpoint and time the
     stream as it arrives: TTFT (first chunk carrying a choice), end to end, time per
     output token after the first, and the usage of the final chunk."""
     parts = urllib.parse.urlsplit(url)
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout_s)
     first = last = None
     chunks = 0
-    usage: dict[str, Any] = {}
+    usage: Report = {}
     t0 = time.perf_counter()
     try:
         conn.request("POST", parts.path, body=json.dumps(body), headers={"Content-Type": "application/json"})
@@ -206,7 +301,7 @@ def stream_completion(url: str, body: dict[str, Any], timeout_s: float = REQUEST
             data = line[5:].strip()
             if data == b"[DONE]":
                 break
-            msg = json.loads(data)
+            msg = section(json.loads(data))
             if msg.get("error"):
                 raise RuntimeError(f"stream error: {str(msg['error'])[:300]}")
             if msg.get("choices"):
@@ -215,16 +310,17 @@ def stream_completion(url: str, body: dict[str, Any], timeout_s: float = REQUEST
                 last = now
                 chunks += 1
             if msg.get("usage"):
-                usage = msg["usage"]
+                usage = section(msg["usage"])
     finally:
         conn.close()
     end = time.perf_counter()
     if first is None or last is None:
         raise RuntimeError("the stream carried no token")
-    output = int(usage.get("completion_tokens") or chunks)
+    output = int(number(usage.get("completion_tokens")) or chunks)
+    prompt, cached = usage_of(usage)
     return {
-        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
-        "cached_tokens": int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
         "output_tokens": output,
         "ttft_ms": (first - t0) * 1000,
         "e2e_ms": (end - t0) * 1000,
@@ -235,14 +331,14 @@ def stream_completion(url: str, body: dict[str, Any], timeout_s: float = REQUEST
 def drive(
     jobs: Sequence[Job],
     concurrency: int,
-    send: Callable[[str], dict[str, Any]],
-    progress: Any = None,
-) -> tuple[list[dict[str, Any]], float, int]:
+    send: Callable[[str], RequestRecord],
+    progress: Progress | None = None,
+) -> tuple[list[RequestRecord], float, int]:
     """Run ``jobs``, ``concurrency`` at a time, in order; a session's next turn goes as soon
     as the one before has answered. Returns the requests' records (``send``'s, with the
     job's kind and the time it finished), the wall time in seconds and the failures."""
     queue = list(jobs)
-    records: list[dict[str, Any]] = []
+    records: list[RequestRecord] = []
     failed = 0
     lock = threading.Lock()
     t0 = time.perf_counter()
@@ -261,7 +357,8 @@ def drive(
                     with lock:
                         failed += 1
                 else:
-                    rec.update(kind=job.kind, job=job.index, turn=turn, done_s=time.perf_counter() - t0)
+                    rec["kind"], rec["job"], rec["turn"] = job.kind, job.index, turn
+                    rec["done_s"] = time.perf_counter() - t0
                     with lock:
                         records.append(rec)
                 if progress is not None:
@@ -279,23 +376,23 @@ def drive(
 
 
 def summary(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[RequestRecord],
     wall_s: float,
     oracle: int,
     engine_hit: int | None,
     by_source: dict[str, int] | None = None,
-) -> dict[str, Any]:
+) -> ConfigSummary:
     """One configuration's figures from its requests' records. ``engine_hit``: prompt
     tokens that came from the serving engine's own cache (None: unknown); the rest of
     the cached tokens came through raykv (tiers and vLLM's CPU primary)."""
     ttft = [r["ttft_ms"] for r in records]
     e2e = [r["e2e_ms"] for r in records]
-    tpot = [r["tpot_ms"] for r in records if r.get("tpot_ms") is not None]
+    tpot = [t for r in records if (t := r["tpot_ms"]) is not None]
     prompt = sum(r["prompt_tokens"] for r in records)
     cached = sum(r["cached_tokens"] for r in records)
     output = sum(r["output_tokens"] for r in records)
     raykv_hit = None if engine_hit is None else max(0, cached - engine_hit)
-    share = (
+    share: dict[str, float] | dict[str, float | None] = (
         oracle_share(engine_hit, raykv_hit, oracle)
         if engine_hit is not None and raykv_hit is not None
         else {"engine_hit": None, "raykv_hit": None, "recomputed": None, "hits": cached / oracle if oracle else None}
@@ -322,7 +419,7 @@ def summary(
         "oracle_share": share,
         "ttft_p50_ms_by_kind": {
             kind: percentile([r["ttft_ms"] for r in records if r.get("kind") == kind], 50)
-            for kind in sorted({r.get("kind") for r in records if r.get("kind")})
+            for kind in sorted({r["kind"] for r in records if r.get("kind")})
         },
     }
 
@@ -333,13 +430,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def targets(configs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+#: The figures of two configurations that a target compares.
+Figure = Literal["requests_per_s", "ttft_p50_ms", "tpot_p50_ms"]
+
+
+def targets(configs: dict[str, ConfigSummary | Failed]) -> list[Report]:
     """Issue 21's targets, from the configurations that ran."""
     ok = {name: c for name, c in configs.items() if "error" not in c}
     base, affinity, tiers, full = (ok.get(n) for n in ("no_raykv", "prefix_affinity", "raykv_tiers", "raykv"))
     out = []
 
-    def versus(name: str, key: str, a: dict[str, Any], b: dict[str, Any], threshold: float, higher: bool) -> None:
+    def versus(name: str, key: Figure, a: ConfigSummary, b: ConfigSummary, threshold: float, higher: bool) -> None:
         out.append(
             target(
                 name,
@@ -414,7 +515,7 @@ def _configs(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> ServeResult:
     """Run the workload under each configuration; returns the JSON result."""
     import ray
     from tqdm import tqdm
@@ -451,7 +552,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cluster = start_cluster(args.replicas)
     url = _start_serve()
     progress = tqdm(total=len(names) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
-    per: dict[str, Any] = {}
+    per: dict[str, ConfigSummary | Failed] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-serve-") as root:
             for name in names:
@@ -497,10 +598,10 @@ def _run_config(
     url: str,
     args: argparse.Namespace,
     jobs: Sequence[Job],
-    progress: Any,
+    progress: Progress,
     cpu_bytes: int,
     oracle: int,
-) -> dict[str, Any]:
+) -> ConfigSummary:
     from ray import serve
 
     import raykv
@@ -512,7 +613,10 @@ def _run_config(
     model_id = f"bench-{name.replace('_', '-')}"  # vLLM labels its metrics by it: one series set per config
     namespace = f"raykv-bench-serve-{name.replace('_', '-')}"
     services = raykv.start({"namespace": namespace, "directory_shards": 2}) if attached else None
-    raykv_cfg = {"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]}
+    raykv_cfg: dict[str, JsonValue] = {
+        "namespace": namespace,
+        "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}],
+    }
     app = bench_app(
         model,
         model_id=model_id,
@@ -531,7 +635,12 @@ def _run_config(
         warm_up(url, model_id, args.replicas)
         before = settled_cached_by_source(model_id)
         cost_before = _router_totals() if name == "raykv" else None
-        body = {"model": model_id, "max_tokens": args.output_tokens, "temperature": 0.0, "ignore_eos": True}
+        body: dict[str, JsonValue] = {
+            "model": model_id,
+            "max_tokens": args.output_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
         cpu_before = cpu_by_role()
         records, wall_s, failed = drive(
             jobs, args.concurrency, lambda prompt: stream_completion(url, {**body, "prompt": prompt}), progress
@@ -580,12 +689,12 @@ def _start_serve() -> str:
     return f"http://127.0.0.1:{port}/v1/completions"
 
 
-def _wait_engines(services: Any, n: int, timeout_s: float = 300) -> None:
+def _wait_engines(services: RaykvServices, n: int, timeout_s: float = 300) -> None:
     """Until ``n`` engines have announced their caches to raykv's directory."""
     from raykv.core.placement import ENGINE
 
     deadline = time.monotonic() + timeout_s
-    while sum(1 for h in services.holders() if h["medium"] == ENGINE) < n:
+    while sum(1 for h in services.holders() if h.medium == ENGINE) < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{n} engines did not announce their caches in {timeout_s:.0f} s")
         time.sleep(1)
@@ -647,7 +756,7 @@ def _ms(x: float | None) -> str:
     return "-" if x is None or x != x else f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
 
 
-def format_result(result: dict[str, Any]) -> str:
+def format_result(result: ServeResult) -> str:
     w = result["workload"]
     head = (
         f"raykv bench serve: {result['replicas']} replicas (one per simulated node), model {result['model']}, "
@@ -658,7 +767,7 @@ def format_result(result: dict[str, Any]) -> str:
         f"{result['engine_blocks']} blocks, CPU primary {result['primary_chunks']} chunks per replica with raykv; "
         f"the oracle hits {result['oracle_hit_tokens']} tokens"
     )
-    rows = []
+    rows: list[list[object]] = []
     for name, c in result["configs"].items():
         if "error" in c:
             rows.append([name, "failed: " + c["error"][:70], *[""] * 11])
@@ -706,17 +815,18 @@ def format_result(result: dict[str, Any]) -> str:
         "oracle's hit tokens (one unbounded cluster-wide cache). TPOT: time per output token after the first. "
         "dropped blocks: blocks a full CPU primary refused, so no raykv tier saw them."
     )
-    cost = (result["configs"].get("raykv") or {}).get("router_ms_per_request")
+    ours = result["configs"].get("raykv")
+    cost = ours.get("router_ms_per_request") if ours is not None and "error" not in ours else None
     note = f"raykv router: {cost:.2f} ms per decision" if cost else ""
     return "\n\n".join(filter(None, [head, body, legend, note, cpu_lines(result), targets_table(result["targets"])]))
 
 
-def cpu_lines(result: dict[str, Any]) -> str:
+def cpu_lines(result: ServeResult) -> str:
     """CPU ms per served request of each process role, one line per configuration
     (engines count whole: vLLM's compute too)."""
     lines = []
     for name, c in result["configs"].items():
-        per = c.get("cpu_s_per_request")
+        per = c.get("cpu_s_per_request") if "error" not in c else None
         if per:
             lines.append(f"  {name}: " + ", ".join(f"{role} {1000 * s:.1f}" for role, s in per.items()))
     return "CPU ms per served request, by process role:\n" + "\n".join(lines) if lines else ""

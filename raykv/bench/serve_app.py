@@ -10,7 +10,14 @@ apps here, so a change to how engines join the cluster reaches both.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from raykv.core.wire import JsonValue
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
+    from ray.serve import Application
 
 ENGINE_BLOCKS = 24
 #: vLLM wants (ENGINE_BLOCKS - 1) x 128 >= it.
@@ -20,7 +27,7 @@ NODE_CPUS = 4
 OBJECT_STORE_BYTES = 256 << 20
 
 
-def start_cluster(replicas: int) -> Any:
+def start_cluster(replicas: int) -> Cluster:
     """An embedded cluster of ``replicas`` simulated nodes (the head is one), with the
     driver connected (``ray.init``). Shut it down with ``ray.shutdown()`` then
     ``cluster.shutdown()``."""
@@ -43,12 +50,12 @@ def bench_app(
     model_id: str,
     replicas: int,
     router: str,
-    raykv: dict[str, Any] | bool,
+    raykv: Mapping[str, JsonValue] | bool,
     cpu_bytes: int = 0,
     engine_cache: bool | None = None,
-    engine_kwargs: dict[str, Any] | None = None,
-    **llm_config_kwargs: Any,
-) -> Any:
+    engine_kwargs: Mapping[str, JsonValue] | None = None,
+    **llm_config_kwargs: object,
+) -> Application:
     """The Serve LLM app of ``replicas`` vLLM replicas of ``model`` (served as ``model_id``),
     one per simulated node, under ``router`` (see ``raykv.serve.ROUTERS``).
 
@@ -61,7 +68,7 @@ def bench_app(
 
     from raykv.serve import build_app
 
-    kwargs = {
+    kwargs: dict[str, JsonValue] = {
         "max_model_len": MAX_MODEL_LEN,
         "num_gpu_blocks_override": ENGINE_BLOCKS,
         "enforce_eager": True,

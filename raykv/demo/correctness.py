@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from raykv.core.wire import JsonValue, Report
+from raykv.demo.messages import Completion
 
 #: Machine epsilon (one rounding step relative to the value) per model dtype.
 DTYPE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23}
@@ -72,21 +74,20 @@ class Comparison:
             f"({tolerance_rule(self.dtype)})"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Report:
         return {
             "ok": self.ok,
             "requests": self.requests,
-            "token_mismatches": self.token_mismatches,
-            "logprob_mismatches": self.logprob_mismatches,
+            "token_mismatches": list[JsonValue](self.token_mismatches),
+            "logprob_mismatches": list[JsonValue](self.logprob_mismatches),
             "max_logprob_diff": self.max_diff,
             "tolerance_at_max": self.tolerance_at_max,
             "tolerance_rule": tolerance_rule(self.dtype),
         }
 
 
-def compare_outputs(reference: Sequence[dict[str, Any]], other: Sequence[dict[str, Any]], dtype: str) -> Comparison:
-    """Compare completions (dicts with ``token_ids`` and ``top_logprobs`` as
-    ``[(token, logprob), ...]``) request by request."""
+def compare_outputs(reference: Sequence[Completion], other: Sequence[Completion], dtype: str) -> Comparison:
+    """Compare completions (``token_ids``, and ``top_logprobs`` as ``[(token, logprob), ...]``) request by request."""
     if len(reference) != len(other):
         raise ValueError(f"other: {len(other)} outputs, reference has {len(reference)}")
     result = Comparison(dtype=dtype, requests=len(reference))
@@ -94,8 +95,8 @@ def compare_outputs(reference: Sequence[dict[str, Any]], other: Sequence[dict[st
     for i, (ref, out) in enumerate(zip(reference, other)):
         if not _same_tokens(ref, out, dtype):
             result.token_mismatches.append(i)
-        ref_lp = sorted((lp for _, lp in ref["top_logprobs"]), reverse=True)
-        out_lp = sorted((lp for _, lp in out["top_logprobs"]), reverse=True)
+        ref_lp = sorted((lp for _, lp in ref.top_logprobs), reverse=True)
+        out_lp = sorted((lp for _, lp in out.top_logprobs), reverse=True)
         if len(ref_lp) != len(out_lp):
             result.logprob_mismatches.append(i)
             continue
@@ -110,12 +111,12 @@ def compare_outputs(reference: Sequence[dict[str, Any]], other: Sequence[dict[st
     return result
 
 
-def _same_tokens(ref: dict[str, Any], out: dict[str, Any], dtype: str) -> bool:
+def _same_tokens(ref: Completion, out: Completion, dtype: str) -> bool:
     """Equal token ids up to the first near-tie of the reference (see the module doc)."""
-    a, b = list(ref["token_ids"]), list(out["token_ids"])
+    a, b = list(ref.token_ids), list(out.token_ids)
     if len(a) != len(b):
         return False
-    top2 = ref.get("top2") or []
+    top2 = ref.top2 or []
     for pos, (x, y) in enumerate(zip(a, b)):
         if pos < len(top2):
             first, second = top2[pos]
@@ -126,8 +127,8 @@ def _same_tokens(ref: dict[str, Any], out: dict[str, Any], dtype: str) -> bool:
     return True
 
 
-def bit_exact(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def bit_exact(a: Completion, b: Completion) -> bool:
     """Same token ids and the same top-k tokens with the same logprobs, to the bit."""
-    return list(a["token_ids"]) == list(b["token_ids"]) and sorted(map(tuple, a["top_logprobs"])) == sorted(
-        map(tuple, b["top_logprobs"])
+    return list(a.token_ids) == list(b.token_ids) and sorted(map(tuple, a.top_logprobs)) == sorted(
+        map(tuple, b.top_logprobs)
     )

@@ -25,8 +25,14 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+from raykv.core.wire import JsonValue
+
+if TYPE_CHECKING:
+    from raykv.integrations.vllm.engines import LLM, RequestOutput, SamplingParams
 
 #: How long an idle loop sleeps between offload-only steps (what vLLM's
 #: engine does between polls of its connector is a busy step; 2 ms keeps a
@@ -39,28 +45,32 @@ class Pending:
     """One submitted request: done once the engine finished it (or failed)."""
 
     prompt_token_ids: list[int]
-    params: Any
+    params: SamplingParams
     submitted: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     finished: float | None = None
-    output: Any = None
+    output: RequestOutput | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
-    def result(self, timeout_s: float) -> Any:
+    def result(self, timeout_s: float) -> RequestOutput:
         """The finished ``RequestOutput``; raises the engine's error, or TimeoutError."""
         if not self.done.wait(timeout_s):
             raise TimeoutError(f"request not finished in {timeout_s} s")
         if self.error is not None:
             raise self.error
+        if self.output is None:
+            raise RuntimeError("request done without an output")
         return self.output
 
 
 class EngineLoop:
     """A ``vllm.LLM`` owned and stepped by one background thread."""
 
-    def __init__(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
-        self.llm: Any = None
+    def __init__(
+        self, model: str, kv_transfer_config: Mapping[str, JsonValue] | None, engine_kwargs: Mapping[str, JsonValue]
+    ) -> None:
+        self._llm: LLM | None = None
         self.load_s = 0.0
         self._inbox: queue.SimpleQueue[Pending] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -78,7 +88,14 @@ class EngineLoop:
         if self._start_error is not None:
             raise self._start_error
 
-    def submit(self, prompt_token_ids: list[int], params: Any) -> Pending:
+    @property
+    def llm(self) -> LLM:
+        """The engine (built by the constructor)."""
+        if self._llm is None:
+            raise RuntimeError("the engine loop has no engine")
+        return self._llm
+
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> Pending:
         """Queue a request for the next step; never blocks."""
         if self._stop.is_set():
             raise RuntimeError("the engine loop is shut down")
@@ -98,12 +115,14 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout_s)
 
-    def _run(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
+    def _run(
+        self, model: str, kv_transfer_config: Mapping[str, JsonValue] | None, engine_kwargs: Mapping[str, JsonValue]
+    ) -> None:
         try:
-            from vllm import LLM
+            from raykv.integrations.vllm.engines import build_llm
 
             t0 = time.perf_counter()
-            self.llm = LLM(model=model, kv_transfer_config=kv_transfer_config, **engine_kwargs)
+            self._llm = llm = build_llm(model, kv_transfer_config, engine_kwargs)
             self.load_s = time.perf_counter() - t0
         except BaseException as e:  # reported to the constructor's caller
             self._start_error = e
@@ -113,15 +132,15 @@ class EngineLoop:
         running: dict[str, Pending] = {}
         try:
             while not self._stop.is_set():
-                self._admit(running)
-                if not running and not self._has_offload_work():
+                self._admit(llm, running)
+                if not running and not self._has_offload_work(llm):
                     with self._idle_lock:
                         if self._inbox.empty():
                             self._idle.set()
                     self._wake.wait()
                     self._wake.clear()
                     continue
-                self._step(running)
+                self._step(llm, running)
                 if not running:
                     self._wake.wait(OFFLOAD_STEP_PAUSE_S)
                     self._wake.clear()
@@ -129,10 +148,10 @@ class EngineLoop:
             for p in running.values():
                 p.error = p.error or RuntimeError("engine loop stopped")
                 p.done.set()
-            self.llm.llm_engine.engine_core.shutdown()
+            llm.llm_engine.engine_core.shutdown()
 
-    def _admit(self, running: dict[str, Pending]) -> None:
-        engine = self.llm.llm_engine
+    def _admit(self, llm: LLM, running: dict[str, Pending]) -> None:
+        engine = llm.llm_engine
         while True:
             try:
                 p = self._inbox.get_nowait()
@@ -147,19 +166,21 @@ class EngineLoop:
                 continue
             running[request_id] = p
 
-    def _step(self, running: dict[str, Pending]) -> None:
+    def _step(self, llm: LLM, running: dict[str, Pending]) -> None:
+        from raykv.integrations.vllm.engines import RequestOutput
+
         try:
-            outputs = self.llm.llm_engine.step()
+            outputs = llm.llm_engine.step()
         except Exception as e:  # the engine is broken: every request in it fails
-            for p in running.values():
-                p.error = e
-                p.done.set()
+            for failed in running.values():
+                failed.error = e
+                failed.done.set()
             running.clear()
             return
         now = time.perf_counter()
         for out in outputs:
             p = running.get(out.request_id)
-            if p is None:
+            if p is None or not isinstance(out, RequestOutput):  # generate requests only
                 continue
             if p.first_token is None and out.outputs and out.outputs[0].token_ids:
                 p.first_token = now
@@ -169,8 +190,8 @@ class EngineLoop:
                 del running[out.request_id]
                 p.done.set()
 
-    def _has_offload_work(self) -> bool:
-        core = getattr(self.llm.llm_engine.engine_core, "engine_core", None)
+    def _has_offload_work(self, llm: LLM) -> bool:
+        core = getattr(llm.llm_engine.engine_core, "engine_core", None)
         if core is None:  # engine in its own process: its busy loop steps it
             return False
         return bool(core.scheduler.has_requests())

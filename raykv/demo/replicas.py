@@ -10,41 +10,54 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import ray
+from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raykv.core.validate import ArgumentError
+from raykv.core.wire import JsonValue
+from raykv.demo.messages import Completion, ReplicaReady
+from raykv.demo.workload import TraceRequest
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
+
+#: A replica's ``kv_transfer_config`` / engine arguments (vLLM's names, JSON values).
+EngineConfig = Mapping[str, JsonValue]
+T = TypeVar("T")
 
 #: Environment every replica gets: the engine in-process, a small CPU KV cache.
 REPLICA_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
-@dataclass
-class Completion:
-    """What one request gave: cache hits, time to first token, output."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_ms: float  # from the request's arrival at the replica to its first output token
-    token_ids: list[int]
-    top_logprobs: list[tuple[int, float]]  # first output token's top-k
-    decode_ms_per_token: float | None = None  # after the first token; None for one-token outputs
-    #: per output token, the top two logprobs: where they are within float
-    #: noise, another run may pick the other token (`raykv.demo.correctness`)
-    top2: list[tuple[float, float]] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _top2(position: dict[int, Any]) -> tuple[float, float]:
+def _top2(position: Mapping[int, Logprob]) -> tuple[float, float]:
     """The two highest logprobs at one output position (-inf for a missing runner-up)."""
     top = sorted((float(lp.logprob) for lp in position.values()), reverse=True) + [float("-inf")]
     return top[0], top[1]
+
+
+def _value(metric: object) -> float:
+    """A counter's or gauge's value (histograms and vectors have none: 0)."""
+    value = getattr(metric, "value", 0.0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+class Logprob(Protocol):
+    """One candidate token's logprob as the engine reports it."""
+
+    logprob: float
+
+
+class Progress(Protocol):
+    """A progress bar (``tqdm``): what ``run_trace`` reports to."""
+
+    def set_description(self, desc: str) -> None: ...
+
+    def update(self, n: int = 1) -> object: ...
 
 
 class EngineReplica:
@@ -52,7 +65,7 @@ class EngineReplica:
     its own thread (``EngineLoop``): concurrent calls share engine steps, and
     offloads go on between requests as in a serving engine."""
 
-    def __init__(self, model: str, kv_transfer_config: dict[str, Any] | None, engine_kwargs: dict[str, Any]) -> None:
+    def __init__(self, model: str, kv_transfer_config: EngineConfig | None, engine_kwargs: EngineConfig) -> None:
         self.model = model
         if not isinstance(model, str) or not model:
             raise ArgumentError("model", f"must be a model name or path (str), got {model!r}")
@@ -66,18 +79,18 @@ class EngineReplica:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
         return f"EngineReplica(model={self.__dict__.get('model', '?')!r})"
 
-    def ready(self) -> dict[str, Any]:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "load_s": self.load_s, "pid": os.getpid()}
+    def ready(self) -> ReplicaReady:
+        return ReplicaReady(node_id=ray.get_runtime_context().get_node_id(), load_s=self.load_s, pid=os.getpid())
 
     def generate(
         self,
         prompt_token_ids: list[int],
         max_tokens: int = 1,
-        kv_transfer_params: dict[str, Any] | None = None,
+        kv_transfer_params: Mapping[str, JsonValue] | None = None,
         settle: bool = True,
         warm_prefix_tokens: int = 0,
-    ) -> dict[str, Any]:
-        """Greedy generation of one prompt; returns a `Completion` as a dict.
+    ) -> Completion:
+        """Greedy generation of one prompt.
 
         ``settle``: return only once the engine's offloads are done too (tests
         that check what reached the tiers); benchmarks pass False, as traffic
@@ -85,21 +98,21 @@ class EngineReplica:
         prompt's first N tokens, untimed, so they sit in the engine's own
         prefix cache (the floor no external cache can beat).
         """
-        from vllm import SamplingParams
+        from raykv.integrations.vllm.engines import greedy_params
 
-        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None
         if warm_prefix_tokens > 0:
-            warm = SamplingParams(max_tokens=1, temperature=0.0, extra_args=extra)
+            warm = greedy_params(1, kv_transfer_params)
             self.loop.submit(prompt_token_ids[:warm_prefix_tokens], warm).result(600)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=5, ignore_eos=True, extra_args=extra)
+        params = greedy_params(max_tokens, kv_transfer_params, logprobs=5, ignore_eos=True)
         pending = self.loop.submit(prompt_token_ids, params)
         out = pending.result(600)
         if settle:
             self.settle()
         first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
         n_out = len(out.outputs[0].token_ids)
-        first_at = pending.first_token if pending.first_token is not None else pending.finished
-        decode = (pending.finished - first_at) * 1000 / (n_out - 1) if n_out > 1 else None
+        finished = pending.finished if pending.finished is not None else time.perf_counter()
+        first_at = pending.first_token if pending.first_token is not None else finished
+        decode = (finished - first_at) * 1000 / (n_out - 1) if n_out > 1 else None
         return Completion(
             prompt_tokens=len(prompt_token_ids),
             cached_tokens=int(out.num_cached_tokens or 0),
@@ -108,7 +121,7 @@ class EngineReplica:
             top_logprobs=[(int(t), float(lp.logprob)) for t, lp in first.items()],
             decode_ms_per_token=decode,
             top2=[_top2(pos) for pos in out.outputs[0].logprobs or []],
-        ).to_dict()
+        )
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait until the engine's requests and offloads are done; True when settled.
@@ -121,7 +134,7 @@ class EngineReplica:
     def hits_by_source(self) -> dict[str, float]:
         """vLLM's prefix-cache hit counters (tokens) per source."""
         return {
-            m.labels["source"]: m.value
+            m.labels["source"]: _value(m)
             for m in self.llm.get_metrics()
             if m.name == "vllm:prompt_tokens_cached_by_source"
         }
@@ -131,9 +144,8 @@ class EngineReplica:
         out = {"hits": 0.0, "misses": 0.0, "retries": 0.0}
         for m in self.llm.get_metrics():
             if m.name.startswith("vllm:raykv_lookup_") and hasattr(m, "value"):
-                out[m.name.removeprefix("vllm:raykv_lookup_")] = (
-                    out.get(m.name.removeprefix("vllm:raykv_lookup_"), 0.0) + m.value
-                )
+                answer = m.name.removeprefix("vllm:raykv_lookup_")
+                out[answer] = out.get(answer, 0.0) + _value(m)
         rtt = self._lookup_rtt_s()
         if rtt is not None:
             out["rtt_ms"] = rtt * 1000
@@ -150,7 +162,7 @@ class EngineReplica:
     def cascade_drops(self) -> int:
         """Blocks this engine computed that never reached its CPU primary (it was full), so
         no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""
-        return int(sum(m.value for m in self.llm.get_metrics() if m.name == "vllm:raykv_cascade_dropped_blocks"))
+        return int(sum(_value(m) for m in self.llm.get_metrics() if m.name == "vllm:raykv_cascade_dropped_blocks"))
 
     def _lookup_rtt_s(self) -> float | None:
         """The smoothed directory round trip this process's engine measured (in-process engine only)."""
@@ -166,23 +178,27 @@ class EngineReplica:
 def start_replica(
     node_id: str,
     model: str,
-    kv_transfer_config: dict[str, Any] | None,
-    engine_kwargs: dict[str, Any] | None = None,
+    kv_transfer_config: EngineConfig | None,
+    engine_kwargs: EngineConfig | None = None,
     env: dict[str, str] | None = None,
     name: str | None = None,
-) -> Any:
+) -> ActorHandle:
     """Start an ``EngineReplica`` actor on ``node_id``; returns its handle (not yet ready)."""
     env_vars = {**REPLICA_ENV, **(env or {})}
     for var in ("PYTHONPATH", "HF_HUB_OFFLINE"):
         if var in os.environ:
             env_vars.setdefault(var, os.environ[var])
     # Threaded: concurrent requests reach the engine loop and share its steps.
-    actor = ray.remote(num_cpus=0, max_concurrency=64)(EngineReplica)
-    return actor.options(
+    actor = ray.remote(EngineReplica)
+    handle = actor.options(
+        num_cpus=0,
+        max_concurrency=64,
         name=name,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
         runtime_env={"env_vars": env_vars},
     ).remote(model, kv_transfer_config, dict(engine_kwargs or {}))
+    assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class
+    return handle
 
 
 BLOCK_TOKENS = 128  # vLLM's CPU backend block size
@@ -201,7 +217,7 @@ def deployment_primary_chunks(engine_blocks: int) -> int:
     return PRIMARY_PER_ENGINE_BLOCK * engine_blocks
 
 
-def engine_kwargs(max_model_len: int, engine_blocks: int) -> dict[str, Any]:
+def engine_kwargs(max_model_len: int, engine_blocks: int) -> dict[str, JsonValue]:
     """Engine arguments of a small-cache replica (``engine_blocks`` blocks of KV)."""
     return {
         "max_model_len": max_model_len,
@@ -226,7 +242,7 @@ def model_dtype(model: str) -> str:
         return str(json.load(f).get("torch_dtype", "bfloat16"))
 
 
-def start_local_cluster(num_nodes: int, object_store_mib: int = 384) -> tuple[Any, list[str]]:
+def start_local_cluster(num_nodes: int, object_store_mib: int = 384) -> tuple[Cluster, list[str]]:
     """An embedded Ray of ``num_nodes`` simulated nodes; returns it and its node ids (head first)."""
     from ray.cluster_utils import Cluster
 
@@ -247,16 +263,16 @@ def run_trace(
     name: str,
     nodes: list[str],
     model: str,
-    kv_config: dict[str, Any] | None,
-    trace: Sequence[Any],
-    engine_kw: dict[str, Any],
-    progress: Any,
-    after: Callable[[list[Any]], Any] | None = None,
-    before: Callable[[], Any] | None = None,
+    kv_config: EngineConfig | None,
+    trace: Sequence[TraceRequest],
+    engine_kw: EngineConfig,
+    progress: Progress,
+    after: Callable[[list[ActorHandle]], T] | None = None,
+    before: Callable[[], object] | None = None,
     concurrency: int | None = None,
     warm_prefix: Sequence[int] | None = None,
     output_tokens: int = 1,
-) -> tuple[list[dict[str, Any]], Any]:
+) -> tuple[list[Completion], T | None]:
     """Start one replica per node, call ``before()``, send ``trace`` (requests with
     ``session``, ``turn``, ``replica`` and ``prompt_token_ids``), then ``after(replicas)``,
     and stop the replicas. Returns one result per request (trace order), and what
@@ -281,14 +297,14 @@ def run_trace(
         if before is not None:
             before()
 
-        def send(req: Any, settle: bool) -> Any:
+        def send(req: TraceRequest, settle: bool) -> ray.ObjectRef[Completion]:
             warm = warm_prefix[req.index] if warm_prefix is not None else 0
             return replicas[req.replica].generate.remote(
                 req.prompt_token_ids, max_tokens=output_tokens, settle=settle, warm_prefix_tokens=warm
             )
 
         if concurrency is None:
-            results = []
+            results: list[Completion] = []
             for req in trace:
                 results.append(ray.get(send(req, True), timeout=600))
                 progress.update(1)
@@ -305,8 +321,12 @@ def run_trace(
 
 
 def send_sessions(
-    trace: Sequence[Any], send: Callable[[Any], Any], concurrency: int, progress: Any, timeout_s: float = 600
-) -> list[dict[str, Any]]:
+    trace: Sequence[TraceRequest],
+    send: Callable[[TraceRequest], ray.ObjectRef[Completion]],
+    concurrency: int,
+    progress: Progress,
+    timeout_s: float = 600,
+) -> list[Completion]:
     """Send ``trace`` as sessions, with no barrier between requests: a session's next
     turn goes out as soon as its previous turn answered; a new session starts once
     fewer than ``concurrency`` are in flight and the previous session's first turn
@@ -314,15 +334,15 @@ def send_sessions(
     returns a Ray ref to the request's result. Returns the results in trace order."""
     if concurrency < 1:
         raise ArgumentError("concurrency", f"must be >= 1, got {concurrency!r}")
-    by_session: dict[int, list[Any]] = {}
+    by_session: dict[int, list[TraceRequest]] = {}
     for req in trace:
         by_session.setdefault(req.session, []).append(req)
     turns = {s: sorted(reqs, key=lambda r: r.turn) for s, reqs in by_session.items()}
     waiting = sorted(turns)  # sessions not started yet, in order
-    results: dict[int, dict[str, Any]] = {}
-    in_flight: dict[Any, Any] = {}  # ref -> request
+    results: dict[int, Completion] = {}
+    in_flight: dict[ray.ObjectRef[Completion], TraceRequest] = {}
     active = 0
-    last_first: Any = None  # the first turn of the last session started, until it answers
+    last_first: TraceRequest | None = None  # the first turn of the last session started, until it answers
 
     def start_sessions() -> None:
         nonlocal active, last_first

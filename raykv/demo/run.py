@@ -28,11 +28,13 @@ import json
 import sys
 import tempfile
 import time
-from typing import Any
 
 import numpy as np
+from ray.actor import ActorHandle
 
+from raykv.core.wire import JsonValue, Report
 from raykv.demo.correctness import bit_exact, compare_outputs
+from raykv.demo.messages import Completion
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
     chunk_bytes,
@@ -51,16 +53,16 @@ PROBE_PROMPT_TOKENS = 1100  # 8 full blocks of prefix and a short suffix
 TTFT_TARGET = 0.7
 
 
-def _summary(results: list[dict[str, Any]]) -> dict[str, float]:
-    ttft = np.array([r["ttft_ms"] for r in results])
+def _summary(results: list[Completion]) -> dict[str, float]:
+    ttft = np.array([r.ttft_ms for r in results])
     return {
-        "hit_tokens": int(sum(r["cached_tokens"] for r in results)),
+        "hit_tokens": int(sum(r.cached_tokens for r in results)),
         "ttft_p50_ms": round(float(np.percentile(ttft, 50)), 1),
         "ttft_p90_ms": round(float(np.percentile(ttft, 90)), 1),
     }
 
 
-def exact_probe(replicas: list[Any], seed: int = 88_000) -> dict[str, Any]:
+def exact_probe(replicas: list[ActorHandle], seed: int = 88_000) -> Report:
     """A fresh 1100-token prompt computed on replica 0 (and stored), loaded by
     replica 1 from raykv, then served again by replica 0 from its own prefix
     cache: the last two split the prompt alike and must agree to the bit."""
@@ -71,13 +73,13 @@ def exact_probe(replicas: list[Any], seed: int = 88_000) -> dict[str, Any]:
     prompt = make_prompt_tokens(PROBE_PROMPT_TOKENS, seed=seed)
     a, b = replicas[0], replicas[1 % len(replicas)]
     ray.get(a.generate.remote(prompt, settle=True), timeout=600)
-    from_raykv = ray.get(b.generate.remote(prompt), timeout=600)
-    from_engine = ray.get(a.generate.remote(prompt), timeout=600)
-    same_split = from_raykv["cached_tokens"] == from_engine["cached_tokens"] > 0
+    from_raykv: Completion = ray.get(b.generate.remote(prompt), timeout=600)
+    from_engine: Completion = ray.get(a.generate.remote(prompt), timeout=600)
+    same_split = from_raykv.cached_tokens == from_engine.cached_tokens > 0
     return {
         "prompt_tokens": PROBE_PROMPT_TOKENS,
-        "raykv_cached_tokens": from_raykv["cached_tokens"],
-        "engine_cached_tokens": from_engine["cached_tokens"],
+        "raykv_cached_tokens": from_raykv.cached_tokens,
+        "engine_cached_tokens": from_engine.cached_tokens,
         "same_split": same_split,
         "bit_exact": same_split and bit_exact(from_raykv, from_engine),
     }
@@ -90,7 +92,7 @@ def demo(
     model: str | None = None,
     show_progress: bool = True,
     concurrency: int | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """Run both phases; returns the report (what ``--json`` prints).
 
     ``concurrency``: sessions in flight (default: one per replica); 0 sends one
@@ -124,7 +126,7 @@ def demo(
                 concurrency=in_flight,
                 output_tokens=REPLY_TOKENS,
             )
-            config = {
+            config: dict[str, JsonValue] = {
                 "namespace": NAMESPACE,
                 "tiers": [
                     {"type": "object_store", "capacity_bytes": 256 << 20},
@@ -179,18 +181,26 @@ def demo(
     }
 
 
-def passed(report: dict[str, Any]) -> bool:
+def passed(report: Report) -> bool:
     """What the exit code says: every output equal within tolerance and the probe bit-exact."""
-    return bool(report["outputs_match"] and report["exact_probe"]["bit_exact"])
+    probe = report["exact_probe"]
+    return bool(report["outputs_match"] and isinstance(probe, dict) and probe["bit_exact"])
 
 
-def format_report(r: dict[str, Any]) -> str:
+def _share(part: JsonValue, whole: JsonValue) -> str:
+    """``part / whole`` as a percentage (two counts of a report)."""
+    if not isinstance(part, (int, float)) or not isinstance(whole, (int, float)) or not whole:
+        return "-"
+    return f"{part / whole:.0%}"
+
+
+def format_report(r: Report) -> str:
     rows = [
         ("prefix tokens hit", f"{r['baseline_hit_tokens']}", f"{r['raykv_hit_tokens']}"),
         (
             "  share of prompt tokens",
-            f"{r['baseline_hit_tokens'] / r['prompt_tokens']:.0%}",
-            f"{r['raykv_hit_tokens'] / r['prompt_tokens']:.0%}",
+            _share(r["baseline_hit_tokens"], r["prompt_tokens"]),
+            _share(r["raykv_hit_tokens"], r["prompt_tokens"]),
         ),
         ("TTFT p50 (ms)", f"{r['baseline_ttft_p50_ms']:.0f}", f"{r['raykv_ttft_p50_ms']:.0f}"),
         ("TTFT p90 (ms)", f"{r['baseline_ttft_p90_ms']:.0f}", f"{r['raykv_ttft_p90_ms']:.0f}"),
@@ -204,6 +214,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines = [head, "", f"{'':26}{'per-replica CPU offload':>26}{'raykv cluster cache':>22}"]
     lines += [f"{a:26}{b:>26}{c:>22}" for a, b, c in rows]
     probe = r["exact_probe"]
+    if not isinstance(probe, dict):
+        raise TypeError(f"exact_probe: {probe!r} is not an object")
     probe_line = (
         f"bit-exact probe ({probe['prompt_tokens']}-token prompt, {probe['raykv_cached_tokens']} tokens loaded from "
         f"raykv on another node vs {probe['engine_cached_tokens']} from the engine's own cache): "
@@ -217,7 +229,7 @@ def format_report(r: dict[str, Any]) -> str:
         else "TTFT p50 ratio: n/a",
         f"one unbounded cluster-wide cache would hit {r['oracle_hit_tokens']} tokens; "
         f"the directory holds {r['directory_keys']} keys",
-        r["outputs_line"],
+        str(r["outputs_line"]),
         probe_line,
         f"finished in {r['elapsed_s']:.0f} s",
     ]

@@ -27,9 +27,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
+
+from raykv.core.wire import JsonValue
 
 MODEL_NAME = "tiny-llama-v1"
 BENCH_MODEL_NAME = "bench-llama-60m-v1"
@@ -38,7 +39,10 @@ VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
 BOS_ID, EOS_ID = 1, 2
 
-CONFIG: dict[str, Any] = {
+#: A HF ``config.json`` (what the model directory holds).
+ModelConfig = dict[str, JsonValue]
+
+CONFIG: ModelConfig = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": VOCAB_SIZE,
@@ -62,7 +66,7 @@ CONFIG: dict[str, Any] = {
 
 #: The bench model: a wide MLP and one KV head make prefill cost per KV byte
 #: realistic (see `prefill_flop_per_kv_byte`); 59M parameters, built in ~3 s.
-BENCH_CONFIG: dict[str, Any] = {
+BENCH_CONFIG: ModelConfig = {
     **CONFIG,
     "hidden_size": 1024,
     "intermediate_size": 8192,
@@ -72,7 +76,7 @@ BENCH_CONFIG: dict[str, Any] = {
 }
 
 #: Llama-3.1-8B's shapes: the yardstick for `prefill_flop_per_kv_byte`.
-LLAMA_3_1_8B_CONFIG: dict[str, Any] = {
+LLAMA_3_1_8B_CONFIG: ModelConfig = {
     "vocab_size": 128256,
     "hidden_size": 4096,
     "intermediate_size": 14336,
@@ -84,13 +88,22 @@ LLAMA_3_1_8B_CONFIG: dict[str, Any] = {
 }
 
 
-def kv_bytes_per_token(config: dict[str, Any]) -> int:
+def dimension(config: ModelConfig, name: str) -> int:
+    """An integer field of a model config (a size or a count)."""
+    value = config[name]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"model config {name}: {value!r} is not an integer")
+    return value
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
     """K and V of every layer for one token: 2 x layers x KV heads x head dim x dtype bytes."""
-    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[config.get("torch_dtype", "bfloat16")]
-    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * dtype_bytes
+    dtype_bytes = {"bfloat16": 2, "float16": 2, "float32": 4}[str(config.get("torch_dtype", "bfloat16"))]
+    layers, kv_heads = dimension(config, "num_hidden_layers"), dimension(config, "num_key_value_heads")
+    return 2 * layers * kv_heads * dimension(config, "head_dim") * dtype_bytes
 
 
-def prefill_flop_per_kv_byte(config: dict[str, Any]) -> float:
+def prefill_flop_per_kv_byte(config: ModelConfig) -> float:
     """Prefill FLOPs per token over KV bytes per token.
 
     FLOPs per token are 2 x the weights each token multiplies by: per layer the
@@ -99,10 +112,11 @@ def prefill_flop_per_kv_byte(config: dict[str, Any]) -> float:
     favour the larger model). Llama-3.1-8B: 2 x 7.5G = 15 GFLOP over 128 KiB =
     114k FLOP/byte; the bench model: 2 x 57M = 114 MFLOP over 1 KiB = 112k.
     """
-    h, d = config["hidden_size"], config["head_dim"]
-    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    per_layer = h * q + 2 * h * kv + q * h + 3 * h * config["intermediate_size"]
-    weights = config["num_hidden_layers"] * per_layer + h * config["vocab_size"]
+    c = {name: dimension(config, name) for name in _DIMENSIONS}
+    h, d = c["hidden_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    per_layer = h * q + 2 * h * kv + q * h + 3 * h * c["intermediate_size"]
+    weights = c["num_hidden_layers"] * per_layer + h * c["vocab_size"]
     return 2 * weights / kv_bytes_per_token(config)
 
 
@@ -215,8 +229,20 @@ def _build_tokenizer(out: Path) -> None:
     )
 
 
-def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    c = config
+#: The config fields that give a Llama model's shapes.
+_DIMENSIONS = (
+    "hidden_size",
+    "intermediate_size",
+    "vocab_size",
+    "head_dim",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+)
+
+
+def _weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    c = {name: dimension(config, name) for name in _DIMENSIONS}
     h, inter, v, d = (
         c["hidden_size"],
         c["intermediate_size"],
@@ -245,7 +271,7 @@ def _weight_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _build_weights(out: Path, config: dict[str, Any], seed: int = SEED) -> None:
+def _build_weights(out: Path, config: ModelConfig, seed: int = SEED) -> None:
     import torch
     from safetensors.torch import save_file
 
@@ -278,7 +304,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "raykv"
 
 
-def _build_model(config: dict[str, Any], name: str, path: str | os.PathLike | None) -> str:
+def _build_model(config: ModelConfig, name: str, path: str | os.PathLike | None) -> str:
     """Build a model directory once (atomically) and return its path.
 
     `path` defaults to `<cache dir>/<name>`. An existing complete build is

@@ -106,10 +106,10 @@ class _SSEHandler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         n = body["max_tokens"]
-        time.sleep(FIRST_TOKEN_S)
+        time.sleep(FIRST_TOKEN_S)  # not a wait: a fake server's first-token latency, which the bench measures
         for i in range(n):
             if i:
-                time.sleep(TOKEN_GAP_S)
+                time.sleep(TOKEN_GAP_S)  # not a wait: the fake server's pace between tokens
             msg = {"choices": [{"index": 0, "text": f"t{i}"}], "usage": None}
             self._chunk(b"data: " + json.dumps(msg).encode() + b"\n\n")
         usage = {"prompt_tokens": 300, "completion_tokens": n, "prompt_tokens_details": {"cached_tokens": 256}}
