@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import ray
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The tests' shared helpers (tests/waiting.py, tests/clusters.py) import as
+# ``tests.<module>`` also where pytest was not started from the repository root.
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.clusters import RayCluster, ray_cluster  # noqa: E402
 
 # Keep Ray's own chatter and usage reporting out of test runs.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -23,30 +30,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--launch", action="store_true", help="run `ray up` of the on-prem YAML against localhost over SSH (root)"
     )
-
-
-_session_status: int | None = None
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    global _session_status
-    _session_status = int(exitstatus)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
-    """With ``RAYKV_PYTEST_HARD_EXIT=1`` (the Makefile's test targets): end the
-    process with pytest's status once everything is reported. A CI run once
-    passed every test and then died in interpreter finalization (SIGSEGV among
-    the native threads vLLM, torch, gRPC and ZeroMQ leave behind), which turned a
-    green run red; nothing a test asserts runs after this point."""
-    if _session_status is None or os.environ.get("RAYKV_PYTEST_HARD_EXIT") != "1":
-        return
-    if ray.is_initialized():
-        ray.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(_session_status)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -89,6 +72,16 @@ def raykv_services(ray_local):
     services = raykv.start({"namespace": "raykv-test", "directory_shards": 2})
     yield services
     services.shutdown()
+
+
+@pytest.fixture(scope="module")
+def make_ray_cluster() -> Iterator[Callable[..., RayCluster]]:
+    """``make_ray_cluster(head=..., workers=[...], init=...)``: a multi-node
+    ``ray.cluster_utils.Cluster`` this driver is connected to, torn down at the
+    end of the module (``tests/clusters.py``'s ``ray_cluster``). Each module passes
+    its own node count, resources and object-store sizes."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **kw: stack.enter_context(ray_cluster(**kw))
 
 
 @pytest.fixture(scope="session")

@@ -20,8 +20,9 @@ import socket
 import subprocess
 import sys
 import sysconfig
-import time
 from pathlib import Path
+
+from tests.waiting import WaitTimeout, wait_until
 
 USER = "raykvlaunch"
 PYTHON_COPY = Path("/opt/raykv-launch-python")
@@ -132,8 +133,10 @@ class LaunchHost:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while True:
+        probe: subprocess.CompletedProcess[str] | None = None
+
+        def ssh_answers() -> bool:
+            nonlocal probe
             probe = subprocess.run(
                 [
                     "ssh",
@@ -153,12 +156,16 @@ class LaunchHost:
                 capture_output=True,
                 text=True,
             )
-            if probe.returncode == 0:
-                return
-            if time.monotonic() > deadline or self._sshd.poll() is not None:
-                self.close()
-                raise RuntimeError(f"ssh to {USER}@localhost failed: {probe.stderr[-500:]}")
-            time.sleep(0.5)
+            if probe.returncode != 0 and self._sshd.poll() is not None:
+                raise RuntimeError("sshd exited")
+            return probe.returncode == 0
+
+        try:
+            wait_until(ssh_answers, timeout_s=20, interval_s=0.5, what=f"ssh to {USER}@localhost")
+        except (WaitTimeout, RuntimeError):
+            self.close()
+            stderr = probe.stderr[-500:] if probe else ""
+            raise RuntimeError(f"ssh to {USER}@localhost failed: {stderr}") from None
 
     def export(self, **env: str) -> None:
         """Add environment variables to the user's login shells (what `ray up`'s commands run in)."""

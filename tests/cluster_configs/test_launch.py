@@ -13,6 +13,7 @@ leaves no process of the cluster's user and no raykv shared memory behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from raykv.demo.tiny_model import build_tiny_model, make_prompt_tokens
+from tests.waiting import WaitTimeout, wait_until
 
 sys.path.insert(0, os.path.dirname(__file__))
 from launch_host import RAY_TMPDIR, USER, LaunchHost, missing_prerequisites  # noqa: E402
@@ -168,16 +170,15 @@ def test_ray_up_onprem_yaml_on_localhost(tmp_path, free_port) -> None:
             300,
             log,
         )
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ports['serve']}/v1/models", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "the Serve app did not come up in 600 s\n" + "\n".join(log)
-            time.sleep(5)
+
+        def serve_answers() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports['serve']}/v1/models", timeout=5) as r:
+                return r.status == 200
+
+        try:
+            wait_until(serve_answers, timeout_s=600, interval_s=5, ignore=(OSError,), what="the Serve app to come up")
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}\n" + "\n".join(log)) from None
         timings["serve deploy until ready"] = time.monotonic() - t0
         prompt = make_prompt_tokens(600, 0)
         first = _complete(ports["serve"], prompt)
@@ -192,9 +193,8 @@ def test_ray_up_onprem_yaml_on_localhost(tmp_path, free_port) -> None:
         host.close()
         print("\n".join(log))
         print("timings:", {k: round(v) for k, v in timings.items()})
-    deadline = time.monotonic() + 60
-    while host.processes() and time.monotonic() < deadline:
-        time.sleep(2)
+    with contextlib.suppress(WaitTimeout):  # the assertion below lists what is left
+        wait_until(lambda: not host.processes(), timeout_s=60, interval_s=2, what="the cluster user's processes to end")
     assert not host.processes(), host.processes()
     shm = host.shm_files()
     # raykv's own shared memory (primary regions: raykv_primary_*) is gone. vLLM's offload

@@ -12,11 +12,11 @@ turns that into a failure; ``.ci/run`` installs it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import raykv
+from tests.waiting import WaitTimeout, wait_until
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "cluster_configs" / "grafana_raykv.json"
 NAMESPACE = "raykv-prometheus-test"
@@ -116,13 +116,11 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, free_port):
-    """Two real Ray nodes, the head with its dashboard (which writes the service-discovery file)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={
+def cluster(tmp_path_factory, free_port, make_ray_cluster):
+    """Two real Ray nodes, the head with its dashboard (which writes the service-discovery file);
+    yields this session's directory and an fs root."""
+    make_ray_cluster(
+        head={
             "num_cpus": 1,
             "resources": {"node_a": 1},
             "object_store_memory": 128 << 20,
@@ -131,9 +129,8 @@ def cluster(tmp_path_factory, free_port):
             "dashboard_port": free_port(),
             "_system_config": {"metrics_report_interval_ms": 500},
         },
+        workers=[{"num_cpus": 1, "resources": {"node_b": 1}, "object_store_memory": 128 << 20}],
     )
-    c.add_node(num_cpus=1, resources={"node_b": 1}, object_store_memory=128 << 20)
-    ray.init(address=c.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
     services = raykv.start(
         {
@@ -142,10 +139,9 @@ def cluster(tmp_path_factory, free_port):
             "tiers": [{"type": "object_store", "capacity_bytes": 12 * BLOCK}],
         }
     )
-    yield ray._private.worker.global_worker.node, root
+    ctx = ray.get_runtime_context()  # this session's dir is <temp dir>/<session name>
+    yield Path(ctx.get_temp_dir(), ctx.get_session_name()), root
     services.shutdown()
-    ray.shutdown()
-    c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +150,9 @@ def prometheus(cluster, tmp_path_factory, free_port, system_binary):
     binary = system_binary(
         ("prometheus",), "RAYKV_PROMETHEUS", "RAYKV_REQUIRE_PROMETHEUS", "Debian: apt-get install -y prometheus"
     )
-    node, _ = cluster
-    sd_file = Path(node.get_session_dir_path()) / SD_FILE
-    deadline = time.monotonic() + 30
-    while not sd_file.exists():
-        assert time.monotonic() < deadline, f"Ray wrote no {sd_file}"
-        time.sleep(0.5)
+    session_dir, _ = cluster
+    sd_file = session_dir / SD_FILE
+    wait_until(sd_file.exists, timeout_s=30, interval_s=0.5, what=f"Ray to write {sd_file}")
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
     config.write_text(
@@ -179,18 +172,14 @@ def prometheus(cluster, tmp_path_factory, free_port, system_binary):
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
+            return r.status == 200
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus not ready in 30 s"
-            time.sleep(0.3)
+        wait_until(ready, timeout_s=30, interval_s=0.3, ignore=(OSError,), what="prometheus to be ready")
         yield url
     finally:
         proc.terminate()
@@ -246,21 +235,23 @@ def _traffic(root: str) -> None:
 
 
 def test_every_dashboard_panel_returns_data_from_prometheus(cluster, prometheus) -> None:
-    node, root = cluster
+    session_dir, root = cluster
     _traffic(root)
-    session = node.session_name  # session_<date>_<pid>: only characters a regex takes literally
+    session = session_dir.name  # session_<date>_<pid>: only characters a regex takes literally
     assert re.fullmatch(r"[\w-]+", session), session
     queries = _panel_queries()
     assert len(queries) >= 20
     empty: list[str] = []
-    deadline = time.monotonic() + 90
-    while True:
+
+    def every_panel_has_data() -> bool:
+        nonlocal empty
         empty = [
             f"{title}: {expr}" for title, expr in queries if not _query(prometheus, expr.replace("$session", session))
         ]
-        if not empty or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+        return not empty
+
+    with contextlib.suppress(WaitTimeout):  # the assertion below names the panels still empty
+        wait_until(every_panel_has_data, timeout_s=90, interval_s=2, what="data for every dashboard panel")
     assert not empty, "panel queries with no data:\n" + "\n".join(empty)
     # And the numbers are the traffic's, not zeros: stored bytes, hits, and a remote pull.
     held = _query(prometheus, f'sum by (tier) (ray_raykv_tier_bytes{{SessionName=~"{session}"}})')

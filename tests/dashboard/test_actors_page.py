@@ -8,17 +8,19 @@ A screenshot is kept under artifacts/dashboard/ (ignored by git).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import time
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import ray
-from ray.cluster_utils import Cluster
 
 import raykv
 from raykv.core import naming
+from tests.waiting import WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SHOT = REPO / "artifacts" / "dashboard" / "actors.png"
@@ -46,16 +48,13 @@ def chromium(system_binary) -> str:
 
 
 @pytest.fixture(scope="module")
-def dashboard(tmp_path_factory, free_port):
+def dashboard(tmp_path_factory, free_port, make_ray_cluster):
     """A local Ray with its dashboard on 127.0.0.1 and raykv with an object_store and an fs tier."""
-    if ray.is_initialized():
-        ray.shutdown()
     # A head node like `ray start --head` makes, on ports of its own: the dashboard
     # agent's default port (52365) may be taken by another Ray on this machine,
     # and without its agent the dashboard cannot show an actor's logs.
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
+    _, ctx = make_ray_cluster(
+        head={
             "num_cpus": 1,
             "object_store_memory": 128 << 20,
             "include_dashboard": True,
@@ -64,7 +63,6 @@ def dashboard(tmp_path_factory, free_port):
             "dashboard_agent_listen_port": free_port(),
         },
     )
-    ctx = ray.init(address=cluster.address, log_to_driver=False)
     root = str(tmp_path_factory.mktemp("fs-root"))
     services = raykv.start(
         {
@@ -79,16 +77,23 @@ def dashboard(tmp_path_factory, free_port):
     )
     yield f"http://{ctx.dashboard_url}", services, root
     services.shutdown()
-    ray.shutdown()
-    cluster.shutdown()
 
 
 def _auth_token() -> str | None:
-    """The cluster's token, as `ray get-auth-token` reads it (None when auth is off)."""
-    from ray._raylet import AuthenticationTokenLoader
+    """The cluster's token, as `ray get-auth-token` prints it (None when there is none)."""
+    # Ray's own CLI (the module of the `ray` console script), run by this interpreter.
+    cli = [sys.executable, "-m", "ray.scripts.scripts", "get-auth-token"]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
-    loader = AuthenticationTokenLoader.instance()
-    return loader.get_raw_token(ignore_auth_mode=True) if loader.has_token(ignore_auth_mode=True) else None
+
+def _actor_id(url: str, name: str) -> str:
+    """The id (hex) of the alive actor ``name`` of namespace NS, from Ray's state API."""
+    from ray.util.state import list_actors
+
+    found = list_actors(address=url, filters=[("name", "=", name), ("ray_namespace", "=", NS), ("state", "=", "ALIVE")])
+    assert len(found) == 1, (name, found)
+    return found[0].actor_id
 
 
 def test_actors_page_shows_raykv_actors_and_reprs(dashboard, chromium) -> None:
@@ -107,7 +112,7 @@ def test_actors_page_shows_raykv_actors_and_reprs(dashboard, chromium) -> None:
         naming.object_store_actor(node): f"ObjectStore(node={node[:12]}",
         naming.fs_actor(root): f"FsRoot({root}",
     }
-    assert {h["actor_name"] for h in services.holders()} == {naming.object_store_actor(node), naming.fs_actor(root)}
+    assert {h.actor_name for h in services.holders()} == {naming.object_store_actor(node), naming.fs_actor(root)}
 
     SHOT.parent.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
@@ -217,16 +222,22 @@ def test_actor_pages_show_live_figures_after_traffic(dashboard, chromium) -> Non
         try:
             page = browser.new_page(viewport={"width": 1800, "height": 1000})
             for name, prefix in pages.items():
-                actor_id = ray.get_actor(name, namespace=NS)._actor_id.hex()
-                _open_logged_in(page, f"{url}/#/actors/{actor_id}", page.get_by_text(name, exact=True))
-                deadline = time.monotonic() + 60
-                while True:  # the Logs section shows the actor's stderr; wait for a line after the traffic
-                    page.wait_for_timeout(2000)
+                _open_logged_in(page, f"{url}/#/actors/{_actor_id(url, name)}", page.get_by_text(name, exact=True))
+                body, line, asked = "", None, False
+
+                def status_line_after_traffic() -> bool:
+                    nonlocal body, line, asked
+                    if asked:
+                        page.reload()
+                    asked = True
+                    page.wait_for_timeout(2000)  # playwright's wait: the page's own events run meanwhile
                     body = page.inner_text("body")
                     line = _latest(body, prefix)
-                    if line and _figure(line, r": (\d+) (?:blocks|keys|files)") > 0 or time.monotonic() > deadline:
-                        break
-                    page.reload()
+                    return bool(line and _figure(line, r": (\d+) (?:blocks|keys|files)") > 0)
+
+                # the Logs section shows the actor's stderr; wait for a line after the traffic
+                with contextlib.suppress(WaitTimeout):  # the assertion below names a missing line
+                    wait_until(status_line_after_traffic, timeout_s=60, interval_s=0, what=f"a status line of {name}")
                 if not line:
                     page.screenshot(path=str(SHOT.with_name("no_status_line.png")), full_page=True)
                 assert line, f"no status line of {name} on its page: {body[-1500:]}"
@@ -250,7 +261,8 @@ def test_grafana_provisioning_picks_up_raykv_dashboard(dashboard) -> None:
 
     import yaml
 
-    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    ctx = ray.get_runtime_context()  # this session's dir is <temp dir>/<session name>
+    session = Path(ctx.get_temp_dir(), ctx.get_session_name())
     provider = yaml.safe_load((session / "metrics/grafana/provisioning/dashboards/default.yml").read_text())
     folder = Path(provider["providers"][0]["options"]["path"])
     shipped = json.loads((REPO / "cluster_configs" / "grafana_raykv.json").read_text())

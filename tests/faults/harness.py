@@ -185,7 +185,7 @@ class Workload:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             self.step()
-            time.sleep(0.002)
+            time.sleep(0.002)  # not a wait: paces the scheduler-like steps (open-loop traffic)
         return self.drain(drain_s)
 
     def drain(self, seconds: float = 60.0) -> dict[str, Any]:
@@ -193,7 +193,7 @@ class Workload:
         end = time.monotonic() + seconds
         while self.reqs and time.monotonic() < end:
             self.step(admit=False)
-            time.sleep(0.002)
+            time.sleep(0.002)  # not a wait: paces the steps that drive the requests to their end
         return self.report()
 
     def report(self) -> dict[str, Any]:
@@ -246,15 +246,15 @@ def holdings(services: Any) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for info in services.holders():
         try:
-            actor = ray.get_actor(info["actor_name"], namespace=info["namespace"])
+            actor = ray.get_actor(info.actor_name, namespace=info.namespace)
         except ValueError:
-            out[info["holder_id"]] = {"alive": False, "info": info}
+            out[info.holder_id] = {"alive": False, "info": info}
             continue
         if not _alive(actor):
-            out[info["holder_id"]] = {"alive": False, "info": info}
+            out[info.holder_id] = {"alive": False, "info": info}
             continue
         keys, stats = ray.get([actor.keys.remote(), actor.stats.remote()], timeout=30)
-        out[info["holder_id"]] = {"alive": True, "info": info, "keys": set(keys), "stats": stats}
+        out[info.holder_id] = {"alive": True, "info": info, "keys": set(keys), "stats": stats.figures}
     return out
 
 
@@ -267,7 +267,7 @@ def check_invariants(services: Any, block_bytes: int = BLOCK) -> list[str]:
     held = holdings(services)
     listed: set[str] = set()
     for s in services.directory.stats():
-        listed |= set(s["holders"])
+        listed |= set(s.holders)
     for hid, h in held.items():
         in_dir = directory_keys(services, hid)
         if not h["alive"]:
@@ -281,12 +281,12 @@ def check_invariants(services: Any, block_bytes: int = BLOCK) -> list[str]:
                 f"({len(in_dir - held_fps)} stale, {len(held_fps - in_dir)} unlisted)"
             )
         st = h["stats"]
-        if h["info"]["tier_type"] == "object_store":
+        if h["info"].tier_type == "object_store":
             if st["bytes_used"] != st["blocks"] * block_bytes or st["blocks"] != len(h["keys"]):
                 problems.append(f"{hid}: bytes_used {st['bytes_used']} != {st['blocks']} blocks x {block_bytes}")
             if st["bytes_used"] > st["capacity_bytes"]:
                 problems.append(f"{hid}: {st['bytes_used']} bytes over capacity {st['capacity_bytes']}")
-        elif h["info"]["tier_type"] == "fs":
+        elif h["info"].tier_type == "fs":
             root = st["root"]
             sizes = []
             for k in h["keys"]:
@@ -304,13 +304,23 @@ def check_invariants(services: Any, block_bytes: int = BLOCK) -> list[str]:
 
 
 def wait_invariants(services: Any, timeout: float = 10.0, block_bytes: int = BLOCK) -> list[str]:
-    """Invariants may lag a store still finishing in an actor: retry until clean."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Invariants may lag a store still finishing in an actor: retry until clean.
+    Returns the problems left (empty: clean)."""
+    # imported here: this module is pickled by value into Ray workers, which need not import tests/
+    from tests.waiting import WaitTimeout, wait_until
+
+    problems: list[str] = []
+
+    def clean() -> bool:
+        nonlocal problems
         try:
             problems = check_invariants(services, block_bytes)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             problems = [f"a raykv actor is unavailable (restarting?): {type(e).__name__}"]
-        if not problems or time.monotonic() > deadline:
-            return problems
-        time.sleep(0.2)
+        return not problems
+
+    try:
+        wait_until(clean, timeout_s=timeout, interval_s=0.2, what="the cluster-wide invariants")
+    except WaitTimeout:
+        pass  # the caller asserts on the problems left
+    return problems

@@ -21,8 +21,11 @@ from raykv.core.contract import LookupResult, ReqContext, TransferJob
 from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
 from raykv.core.validate import ConfigError
+from raykv.core.wire import HolderInfo
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tiers.fs.messages import FsRootSettings
+from tiers.object_store.messages import ObjectStoreSettings
 
 BLOCK = 64 * 1024
 _ids = itertools.count(50_000)
@@ -659,13 +662,13 @@ def _actor_classes() -> dict[str, type]:
 def _failing_inits(tmp_path) -> dict[str, tuple]:
     """Arguments that make each actor class's ``__init__`` raise (outside Ray)."""
     return {
-        "ControlActor": ({"directory_shards": 2, "rules": [{"tier": 5}]},),
+        "ControlActor": (RaykvConfig(directory_shards=2, rules=[{"tier": 5}]),),
         "DirectoryShard": (0, 2, "raykv-test"),  # no running event loop here
-        "FsRootActor": (str(tmp_path / "no-such-parent" / "root"), 0, "raykv-test"),
-        "ObjectStoreActor": ("node-x", "raykv-test", {}),
+        "FsRootActor": (FsRootSettings(str(tmp_path / "no-such-parent" / "root"), 0), "raykv-test"),
+        "ObjectStoreActor": ("node-x", "raykv-test", ObjectStoreSettings()),  # no running event loop here
         "ExampleNodeActor": ("node-x", "raykv-test", 0),  # no running event loop here
         "EngineCacheActor": (  # no running event loop here either
-            {"holder_id": "engine:x:1", "tier_type": "engine", "medium": "engine", "actor_name": "e", "namespace": "n"},
+            HolderInfo("engine:x:1", "engine", "engine", "e", "n"),
             "raykv-test",
         ),
         "EngineReplica": ("", None, {}),
@@ -689,9 +692,24 @@ def test_every_actor_repr_works_on_a_half_built_instance(tmp_path):
     assert repr(classes["FsRootActor"].__new__(classes["FsRootActor"])).startswith("FsRoot(")
 
 
+@pytest.fixture(scope="module")
+def ray_local(free_port):
+    """conftest's local Ray, here with Ray's dashboard: it serves Ray's state API
+    (``ray.util.state``), which shows dead actors and their restarts."""
+    if ray.is_initialized():
+        ray.shutdown()
+    dashboard = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port()}
+    ray.init(address="local", num_cpus=4, object_store_memory=512 << 20, log_to_driver=False, **dashboard)
+    yield
+    ray.shutdown()
+
+
 def test_uncreatable_fs_root_fails_once_and_is_not_restarted(raykv_services, tmp_path):
     """The root's parent does not exist: one clear error, and the root actor stays
     dead (it used to crash-loop under max_restarts=-1, its repr raising)."""
+    from ray.util.state import list_actors
+    from ray.util.state.common import ActorState
+
     from raykv.core import naming
     from raykv.core.errors import RaykvError
 
@@ -704,15 +722,15 @@ def test_uncreatable_fs_root_fails_once_and_is_not_restarted(raykv_services, tmp
     assert "\n" not in msg and "does not exist" in msg and "not-mounted" in msg, msg
     name = naming.fs_actor(root)
 
-    def mine() -> list[dict]:
-        return [a for a in ray._private.state.actors().values() if a.get("Name") == name]
+    def mine() -> list[ActorState]:  # every actor of that name, dead ones too (any namespace)
+        return list_actors(ray.get_runtime_context().gcs_address, filters=[("name", "=", name)], detail=True)
 
     # DEAD is final in Ray; a crash loop would show restarts (or a re-created actor)
     # within seconds, so a 10 s watch is enough to catch one.
     while True:
         actors = mine()
         assert len(actors) == 1, actors  # never re-created
-        assert actors[0]["State"] == "DEAD" and actors[0]["NumRestarts"] == 0, actors[0]
+        assert actors[0].state == "DEAD" and actors[0].num_restarts == 0, actors[0]
         if time.monotonic() - t0 > 10:
             break
-        time.sleep(1)
+        time.sleep(1)  # not a wait: the actor must stay DEAD while 10 s pass (no crash loop)

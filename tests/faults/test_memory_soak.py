@@ -140,7 +140,7 @@ def test_memory_stays_flat_and_the_books_balance(soak_services, tmp_path) -> Non
                             procs = _processes()
                             samples[name] = []
                     shm.append(float(shutil.disk_usage("/dev/shm").used))
-                time.sleep(0.002)
+                time.sleep(0.002)  # not a wait: paces the workload's steps (open-loop traffic)
             rep = work.drain(60.0)
             harness.assert_clean(rep)
             for k, v in rep.items():

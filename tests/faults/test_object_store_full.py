@@ -71,7 +71,7 @@ def test_full_object_store_fails_the_store_cleanly(services_no_spill):
         assert "object store is full" in (full.error or ""), full.error
         assert services.directory.lookup(scoped_keys(keys)) == [[] for _ in keys], "a failed store registered keys"
         assert driver.lookup(keys[:1]) == [LookupResult.MISS]
-        stats = tier.stats()
+        stats = tier.stats().figures
         assert stats["blocks"] == 0 and stats["bytes_used"] == 0, stats
         assert stats["counters"].get("store_errors") == 1, stats["counters"]
 

@@ -85,7 +85,7 @@ def soak(services, tmp_path, seconds: float) -> dict:
             span = rng.uniform(0.5, 2.0)
             runner = threading.Thread(target=lambda: work.run(span, drain_s=60.0))
             runner.start()
-            time.sleep(rng.uniform(0.0, span))
+            time.sleep(rng.uniform(0.0, span))  # not a wait: the fault lands at a random point of the work
             if op.startswith("kill"):
                 _kill(services, root, op)
             elif op == "resize_fs":
