@@ -160,6 +160,10 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             self.fallbacks += 1
             return self.power_of_two(candidate_replicas, pending_request)
         self.decisions += 1
+        if pending_request is not None:
+            # Every candidate is ranked: if none has room, Serve backs off before asking
+            # again (as after its own routers' last locality tier), not a busy loop.
+            pending_request.routing_context.should_backoff = True
         record("raykv_router_decision_seconds", time.perf_counter() - t0, self._tags)
         return ranks
 

@@ -258,9 +258,12 @@ def test_ranks_by_the_engine_holding_the_prefix_and_skips_it_when_overloaded(tmp
         held_by_b = HolderInfo("engine:n2:b", "engine", ENGINE, "raykv-engine-b", "raykv", "n2", b.actor_id.hex())
         identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
         router._services = FakeServices({tag.hex(): identity}, {k: [held_by_b] for k in engine_keys[:4]})
-        ranks = await router.choose_replicas([a, b, c], _request(tokens))
+        request = _request(tokens)
+        ranks = await router.choose_replicas([a, b, c], request)
         assert ranks[0] == [b] and sorted(r.replica_id.unique_id for rank in ranks[1:] for r in rank) == ["a", "c"]
         assert router.decisions == 1 and router.fallbacks == 0
+        # every candidate is ranked: when all are full, Serve backs off before asking again
+        assert request.routing_context.should_backoff
         # b runs three requests of this router, the others none: ranked last, whatever it holds.
         for _ in range(3):
             router.on_request_routed(_request(), b.replica_id, None)
