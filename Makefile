@@ -47,23 +47,24 @@ $(STAMP033): $(STAMP) Makefile
 demo: $(STAMP)
 	$(BIN)/raykv demo
 
-# PYTHONFAULTHANDLER=1: a native crash, also one during interpreter exit (after
-# pytest's own faulthandler is off), prints every thread's Python stack.
+# PYTHONFAULTHANDLER=1: a native crash prints every thread's Python stack.
+# RAYKV_PYTEST_HARD_EXIT=1: the run ends with pytest's status once it has
+# reported (tests/conftest.py): the full run segfaults in interpreter exit.
 # The default run leaves out the Ray Serve LLM apps (tests marked `serve`, about
 # 10 minutes of replica start-ups on a 2-core machine): `make test-serve` runs
 # them, and .ci/run runs both.
 test: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve" $(PYTEST_ARGS)
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve" $(PYTEST_ARGS)
 
 test-serve: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve
 
 # The memory soak (tests/faults/test_memory_soak.py): RSS of raykv's processes
 # under churn, and the books at the end. 5 minutes by default (opt-in: not in CI);
 # RAYKV_MEMORY_SOAK_S=3600 for the hour-long run.
 RAYKV_MEMORY_SOAK_S ?= 300
 test-soak: $(STAMP)
-	PYTHONFAULTHANDLER=1 RAYKV_MEMORY_SOAK_S=$(RAYKV_MEMORY_SOAK_S) $(BIN)/python -m pytest --soak -s $(PYTEST_ARGS) tests/faults/test_memory_soak.py
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONFAULTHANDLER=1 RAYKV_MEMORY_SOAK_S=$(RAYKV_MEMORY_SOAK_S) $(BIN)/python -m pytest --soak -s $(PYTEST_ARGS) tests/faults/test_memory_soak.py
 
 # The formatter and linter configured in pyproject.toml ([tool.ruff]).
 lint: $(STAMP)
@@ -73,8 +74,8 @@ lint: $(STAMP)
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
 test-vllm-matrix: $(STAMP029) $(STAMP033)
-	PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
-	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
+	RAYKV_PYTEST_HARD_EXIT=1 PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
 
 clean:
 	rm -rf $(VENV) .venvs build *.egg-info

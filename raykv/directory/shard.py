@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -38,6 +39,21 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait for the control actor or one holder while a shard rebuilds.
 REBUILD_TIMEOUT_S = 3.0
+#: Fault tests only: ``"<shard index>:<ms>[,...]"`` makes those shards answer every
+#: register, unregister and lookup that much later (a slow shard, as Ray's own
+#: ``RAY_testing_asio_delay_us`` slows its RPCs). Read when a shard starts.
+TESTING_DELAY_ENV = "RAYKV_TESTING_SHARD_DELAY_MS"
+
+
+def testing_delay_s(index: int, setting: str | None = None) -> float:
+    """Seconds shard ``index`` waits before answering, from ``TESTING_DELAY_ENV`` (0: none)."""
+    setting = os.environ.get(TESTING_DELAY_ENV, "") if setting is None else setting
+    for part in filter(None, (p.strip() for p in setting.split(","))):
+        shard, _, ms = part.partition(":")
+        if shard.strip() == str(index):
+            return max(0.0, float(ms)) / 1000.0
+    return 0.0
+
 
 #: Keys of a shard's calls: a fingerprint blob (``fingerprint.to_blob``), keys, or fingerprints.
 Keys = bytes | Sequence[bytes] | np.ndarray
@@ -215,6 +231,11 @@ class DirectoryShard:
         self.namespace = namespace
         self.started_at = time.time()
         self.rebuild = RebuildReport()
+        self._delay_s = testing_delay_s(index)
+        if self._delay_s:
+            logger.warning(
+                "directory shard %d answers %.0f ms late (%s)", index, self._delay_s * 1e3, TESTING_DELAY_ENV
+            )
         # Async actors run __init__ on their event loop: the rebuild is a task
         # that every method waits for (``_ready``); it never raises.
         self._rebuilt = asyncio.get_running_loop().create_task(self._rebuild())
@@ -240,6 +261,12 @@ class DirectoryShard:
     async def _ready(self) -> None:
         if not self._rebuilt.done():
             await asyncio.shield(self._rebuilt)
+
+    async def _ready_to_answer(self) -> None:
+        """``_ready``, then the fault tests' injected delay (``TESTING_DELAY_ENV``)."""
+        await self._ready()
+        if self._delay_s:
+            await asyncio.sleep(self._delay_s)
 
     async def _rebuild(self) -> None:
         """Re-learn every live holder's keys of this shard (after a restart)."""
@@ -307,12 +334,12 @@ class DirectoryShard:
         return self._impl.drop_holder(holder_id, reason)
 
     async def register(self, holder_id: str, keys: Keys) -> int:
-        await self._ready()
+        await self._ready_to_answer()
         self._impl.calls["register"] += 1
         return self._impl.register(holder_id, keys)
 
     async def unregister(self, holder_id: str, keys: Keys) -> int:
-        await self._ready()
+        await self._ready_to_answer()
         self._impl.calls["unregister"] += 1
         return self._impl.unregister(holder_id, keys)
 
@@ -341,7 +368,7 @@ class DirectoryShard:
         return added, removed
 
     async def lookup(self, keys: Keys) -> LookupReply:
-        await self._ready()
+        await self._ready_to_answer()
         self._impl.calls["lookup"] += 1
         return self._impl.lookup(keys)
 

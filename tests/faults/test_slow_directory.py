@@ -1,0 +1,148 @@
+"""A slow directory shard costs misses, never a stalled engine step (issue 26).
+
+Shard 0 answers every call 500 ms late (``RAYKV_TESTING_SHARD_DELAY_MS``, the
+fault injection of ``raykv.directory.shard``). An engine's lookups of keys that
+shard owns answer RETRY, then MISS once the request's ``lookup_retry_budget_ms``
+has passed; no engine step waits longer than ``lookup_wait_ms``; and once the
+late answers land, later requests hit again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+
+import raykv
+from raykv.core.contract import LookupResult, ReqContext
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys, shard_of
+from raykv.directory.shard import TESTING_DELAY_ENV
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+NS = "raykv-slow-shard"
+DELAY_MS = 500.0
+BUDGET_MS = 50.0
+WAIT_MS = 5.0
+#: What one engine step may take here beyond ``lookup_wait_ms``: Python work and a
+#: loaded 2-core CI machine, far below the shard's 500 ms.
+STEP_SLACK_S = 0.1
+
+
+@pytest.fixture(scope="module")
+def slow_shard_services():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=4,
+        object_store_memory=256 * 1024 * 1024,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {TESTING_DELAY_ENV: f"0:{DELAY_MS:.0f}"}},
+    )
+    services = raykv.start(
+        {
+            "namespace": NS,
+            "directory_shards": 2,
+            "lookup_retry_budget_ms": BUDGET_MS,
+            "lookup_wait_ms": WAIT_MS,
+        }
+    )
+    yield services
+    services.shutdown()
+    ray.shutdown()
+
+
+def test_a_slow_shard_costs_misses_never_a_stalled_step(slow_shard_services) -> None:
+    services = slow_shard_services
+    region = PrimaryRegion(32, 4096)
+    tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+    try:
+        keys = prefix_keys(list(range(20_000, 20_000 + 16 * 16)), 16)
+        assert TierDriver(tier).store(keys, list(range(16))).success
+        scoped = scoped_keys(keys)
+        wait_until(lambda: all(services.directory.lookup(scoped)), timeout_s=30, what="every stored key registered")
+        slow = {k for k, s in zip(keys, scoped) if shard_of(s, 2) == 0}
+        assert 0 < len(slow) < len(keys), "the keys spread over both shards"
+
+        cache = services.lookup_cache
+        cache.invalidate(scoped)  # no answers cached: every lookup asks the shards again
+        ctx = ReqContext("slow-shard")
+        answers: dict[bytes, LookupResult] = {}
+        steps: list[float] = []
+        t_start = time.monotonic()
+        while len(answers) < len(keys) and time.monotonic() - t_start < 5.0:
+            t0 = time.monotonic()
+            for k in keys:
+                if k not in answers:
+                    result = tier.lookup(k, ctx)
+                    if result is not LookupResult.RETRY:
+                        answers[k] = result
+            tier.on_schedule_end()
+            steps.append(time.monotonic() - t0)
+            time.sleep(0.01)  # not a wait: the engine's next step comes ~10 ms later
+        settled_s = time.monotonic() - t_start
+
+        assert len(answers) == len(keys), f"{len(keys) - len(answers)} keys still RETRY after {settled_s:.1f} s"
+        assert max(steps) <= WAIT_MS / 1e3 + STEP_SLACK_S, f"an engine step took {max(steps) * 1e3:.0f} ms"
+        # The request was held back by RETRY about its budget, not the shard's 500 ms.
+        assert settled_s < DELAY_MS / 1e3, f"the request waited {settled_s * 1e3:.0f} ms for the slow shard"
+        # The slow shard's keys miss (computed, never waited for). So do the healthy
+        # shard's today: a lookup's answers land together, when its slowest shard answers.
+        assert {k for k in slow if answers[k] is LookupResult.MISS} == slow
+        assert tier.metrics.totals["raykv_lookup_retry_budget_misses"] >= len(slow)
+
+        # The slow answers still land: a later request finds every key.
+        def answered() -> bool:  # one engine step of a fresh request
+            probe = ReqContext("later-probe")
+            done = all(tier.lookup(k, probe) is not LookupResult.RETRY for k in keys)
+            tier.on_schedule_end()
+            return done
+
+        wait_until(answered, timeout_s=10, what="the slow shard's answers in the engine's cache")
+        later = ReqContext("later")
+        assert [tier.lookup(k, later) for k in keys] == [LookupResult.HIT] * len(keys)
+    finally:
+        tier.shutdown()
+        region.close()
+
+
+def test_the_router_falls_back_within_its_lookup_timeout(slow_shard_services, tmp_path) -> None:
+    """The raykv router asks the real (slow) directory: it gives up at its
+    ``lookup_timeout_s`` (0.2 s) and routes by power of two choices, well before
+    the shard's 500 ms answer."""
+    pytest.importorskip("vllm")
+    import asyncio
+
+    from raykv.core.identity import KVIdentity
+    from tests.raykv.serve.test_router_hooks import FakeReplica, _probed, _request, _router
+
+    services = slow_shard_services
+    tag_hex, block = "ab" * 8, 4
+    ray.get(
+        services.control.register_identity.remote(tag_hex, KVIdentity(model="tiny", layout={"tokens_per_hash": block}))
+    )
+
+    async def main() -> tuple[float, list[list[FakeReplica]], int]:
+        a, b, c = FakeReplica("a", "n1"), FakeReplica("b", "n2"), FakeReplica("c", "n3")
+        router = _router(tmp_path, [a, b, c])
+        await _probed(router, [a, b, c])
+        router._services = services
+        # The router's one-off set-up (vLLM's hashing, the identities) is done first.
+        await router.choose_replicas([a, b, c], _request(list(range(16 * block, 32 * block))))
+        fallbacks = router.fallbacks
+        t0 = time.monotonic()
+        chosen = await router.choose_replicas([a, b, c], _request(list(range(16 * block))))
+        return time.monotonic() - t0, chosen, router.fallbacks - fallbacks
+
+    seconds, chosen, fallbacks = asyncio.run(main())
+    assert fallbacks == 1 and len(chosen) == 1 and len(chosen[0]) == 2, chosen
+    # it did ask the directory (and gave up at 0.2 s), not fall back before asking
+    assert 0.19 <= seconds < 0.2 + STEP_SLACK_S * 2, f"the decision took {seconds * 1e3:.0f} ms"
