@@ -8,7 +8,9 @@ import threading
 import ray
 from ray.actor import ActorHandle
 
+from raykv.core.background import SessionEnded, wait_answer
 from raykv.core.contract import ReqContext, RequestOffloadingContext
+from raykv.core.node import ray_session
 from raykv.policy.rules import PolicyRule, decide
 
 logger = logging.getLogger(__name__)
@@ -31,16 +33,21 @@ class PolicyCache:
         self._thread.start()
 
     def _run(self) -> None:
+        session = ray_session()
         while not self._stop.is_set():
+            if ray_session() != session:  # Ray shut down (or another session began): ours is over
+                return
             try:
                 poll: ray.ObjectRef[tuple[int, list[PolicyRule]]] = self._control.wait_rules.remote(
                     self.version, self.refresh_s
                 )
-                version, rules = ray.get(poll, timeout=self.refresh_s + 30)
+                version, rules = wait_answer(poll, self.refresh_s + 30, session)
                 if version != self.version:
                     with self._changed:
                         self.version, self.rules = version, rules
                         self._changed.notify_all()
+            except SessionEnded:
+                return
             except Exception as e:
                 if self._stop.is_set() or not ray.is_initialized():
                     return

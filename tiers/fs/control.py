@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import ray
 
+from raykv.core.background import SessionEnded, wait_answer
 from raykv.core.contract import TransferJob
 from raykv.core.handles import HolderHandle
+from raykv.core.node import ray_session
 from raykv.core.tenants import tenant_of
 from raykv.engine.polling import ActorLiveness
 from tiers.fs.jobs import EXISTING, WRITTEN, BlockJob
@@ -67,6 +69,7 @@ class RootController:
         self._touches: list[bytes] = []
         self._closed = False
         self.rounds = 0
+        self._session = ray_session()
         self._thread = threading.Thread(target=self._run, name="raykv-fs-control", daemon=True)
         self._thread.start()
 
@@ -103,6 +106,7 @@ class RootController:
 
     # -- the thread -----------------------------------------------------------
     def _run(self) -> None:
+        session = self._session
         while True:
             with self._cond:
                 self._cond.wait_for(
@@ -112,6 +116,10 @@ class RootController:
                 removes, self._removes = self._removes, []
                 touches, self._touches = self._touches, []
                 closed = self._closed
+            if ray_session() != session:  # Ray shut down under us: no actor to finish them with
+                for job in [*commits, *(job for job, _ in removes)]:
+                    self._on_failed(job.job, "fs control: Ray shut down")
+                return
             try:
                 self._round(commits, removes, touches)
             except BaseException as e:  # never leave a job behind
@@ -161,7 +169,9 @@ class RootController:
         if isinstance(ref, CallFailed):
             return ref
         try:
-            return ray.get(ref, timeout=self.timeout)
+            return wait_answer(ref, self.timeout, self._session)
+        except SessionEnded:
+            return CallFailed("fs control: Ray shut down")
         except ray.exceptions.GetTimeoutError:
             return CallFailed(f"fs root actor did not answer within {self.timeout}s")
         except ray.exceptions.RayActorError as e:  # died, or unreachable for now
