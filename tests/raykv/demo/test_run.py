@@ -7,7 +7,7 @@ import ray
 
 from raykv.demo.run import demo, format_report, passed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 KEYS = {
     "replicas",
