@@ -1,7 +1,7 @@
 """The rooms of docs/ARCHITECTURE.md hold: each package imports only the rooms its
 row allows (imports inside functions count), no raykv module is part of an import
-circle, only raykv/integrations/ imports vLLM, a tier imports no other tier, and the
-README's layout lists the tree."""
+circle, only raykv/integrations/ imports vLLM, a tier imports no other tier, the
+README's layout lists the tree, and no class is over 250 lines."""
 
 from __future__ import annotations
 
@@ -216,3 +216,18 @@ def test_tests_mirror_the_packages() -> None:
     folders = {p.name for p in (ROOT / "tests" / "raykv").iterdir() if p.is_dir() and not p.name.startswith("__")}
     packages = {p.name for p in (ROOT / "raykv").iterdir() if (p / "__init__.py").exists()}
     assert folders <= packages, f"tests/raykv/ folders with no raykv package: {sorted(folders - packages)}"
+
+
+#: Longest class (lines, docstrings included) in raykv/ and tiers/: past it, a class holds more than one job.
+MAX_CLASS_LINES = 250
+
+
+def test_no_class_is_over_the_line_limit() -> None:
+    big = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for top in ("raykv", "tiers")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ClassDef) and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_CLASS_LINES
+    ]
+    assert not big, f"classes over {MAX_CLASS_LINES} lines: {big}"

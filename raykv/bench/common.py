@@ -216,3 +216,11 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def random_keys(n: int, tag: bytes, key_bytes: int = 44) -> list[bytes]:
+    """``n`` random identity-scoped keys of ``key_bytes`` (identity ``tag`` + random rest),
+    as raykv stores vLLM's keys: an 8-byte tag, a 32-byte hash, a 4-byte group index."""
+    step = key_bytes - len(tag)
+    blob = os.urandom(n * step)
+    return [tag + blob[i : i + step] for i in range(0, len(blob), step)]

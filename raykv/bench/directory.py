@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ray.actor import ActorHandle
 
+from raykv.bench import agents
 from raykv.bench.common import (
     Progress,
     as_json,
@@ -54,6 +55,7 @@ from raykv.bench.common import (
     num,
     number,
     percentile,
+    random_keys,
     ratio,
     section,
     table,
@@ -93,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--step-lookups", type=int, default=512, help="keys each client looks up per step")
     p.add_argument("--step-registers", type=int, default=64, help="keys each client registers (and evicts) per step")
+    p.add_argument(
+        "--nodes", type=int, default=None, help="simulated nodes for the agents run (default 2; quick 1; 0: skip)"
+    )
+    p.add_argument("--engines-per-node", type=int, default=None, help="engines per simulated node (default 8; quick 2)")
+    p.add_argument("--agent-seconds", type=float, default=None, help="each agents-run config's duration (default 20)")
+    p.add_argument("--agents-only", action="store_true", help="run only the node-agents part")
 
 
 def parse_count(s: str) -> int:
@@ -115,6 +123,10 @@ class Settings:
     seconds: float
     step_lookups: int
     step_registers: int
+    nodes: int
+    engines_per_node: int
+    agent_seconds: float
+    agents_only: bool
     progress: bool
 
 
@@ -138,6 +150,10 @@ def _settings(args: argparse.Namespace) -> Settings:
         seconds=args.seconds or (3.0 if quick else 20.0),
         step_lookups=args.step_lookups,
         step_registers=args.step_registers,
+        nodes=int(args.nodes) if getattr(args, "nodes", None) is not None else (1 if quick else 2),
+        engines_per_node=getattr(args, "engines_per_node", None) or (2 if quick else 8),
+        agent_seconds=getattr(args, "agent_seconds", None) or (2.0 if quick else 20.0),
+        agents_only=bool(getattr(args, "agents_only", False)),
         progress=not getattr(args, "no_progress", False),
     )
 
@@ -186,9 +202,7 @@ def _cpu(shards: list[ActorHandle]) -> float:
 
 def _keys(n: int) -> list[bytes]:
     """``n`` random identity-scoped keys."""
-    blob = os.urandom(n * (KEY_BYTES - len(TAG)))
-    step = KEY_BYTES - len(TAG)
-    return [TAG + blob[i : i + step] for i in range(0, len(blob), step)]
+    return random_keys(n, TAG, KEY_BYTES)
 
 
 def _calls_for(size: int, wanted: int | None, quick: bool) -> int:
@@ -227,7 +241,7 @@ def run(args: argparse.Namespace) -> Report:
     stride = max(1, -(-max_keys // POOL_MAX))
     try:
         holder_cls = _holder_class()
-        for shards in s.shards:
+        for shards in [] if s.agents_only else s.shards:
             ns = f"raykv-bench-directory-{shards}"
             services = raykv.start({"namespace": ns, "directory_shards": shards})
             directory = services.directory
@@ -301,6 +315,9 @@ def run(args: argparse.Namespace) -> Report:
     finally:
         progress.close()
         ray.shutdown()
+    agent_run: Report | None = None
+    if s.nodes > 0:
+        agent_run = agents.run_section(s.nodes, s.engines_per_node, 2, s.agent_seconds, steps_per_s=20.0, window_ms=2.0)
     config = asdict(s)
     del config["progress"]
     result: Report = {
@@ -310,8 +327,9 @@ def run(args: argparse.Namespace) -> Report:
         "configs": as_json(configs),
         "concurrent": concurrent,
         "rows": as_json(rows),
+        "agents": agent_run,
     }
-    result["targets"] = _targets(result)
+    result["targets"] = [*_targets(result), *(agents.targets(agent_run) if agent_run else [])]
     return result
 
 
@@ -651,5 +669,8 @@ def format_result(result: Report) -> str:
                 ],
             ),
         ]
+    agent_run = section(result.get("agents"))
+    if agent_run:
+        parts.append(agents.format_section(agent_run))
     parts.append("\n" + targets_table(result["targets"]))
     return "\n".join(parts)

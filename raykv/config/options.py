@@ -60,6 +60,35 @@ class RaykvConfig:
         min=1,
         doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
     )
+    directory_agent: bool = opt(
+        True,
+        kind=bool,
+        doc="run a directory agent on each engine's node: engines read the node's view of the directory from "
+        "shared memory (no Ray call for keys it knows) and the agent merges the rest into one call per shard "
+        "per window; false: every engine calls the shards itself",
+    )
+    agent_window_ms: float = opt(
+        2.0,
+        kind=float,
+        min=0.0,
+        max=100.0,
+        doc="how long a node's directory agent collects its engines' lookups before one call per shard "
+        "(under one engine step; long enough that engines stepping together share a call)",
+    )
+    agent_view_keys: int = opt(
+        1_000_000,
+        kind=int,
+        min=1024,
+        doc="most keys a node's directory view keeps (12-24 bytes each in /dev/shm); past it, answers for "
+        "other nodes' keys are dropped first, this node's own holders' keys stay",
+    )
+    agent_view_all_keys: bool = opt(
+        False,
+        kind=bool,
+        doc="each node's view follows every key of the directory (while it fits in agent_view_keys), not only "
+        "its own holders' and the ones its engines asked for: a key it does not list is then held by nobody, "
+        "so lookups never need a call; for clusters whose directory fits in every node's /dev/shm",
+    )
     holder_reconcile_s: float = opt(
         5.0,
         kind=float,

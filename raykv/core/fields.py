@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,7 +150,12 @@ def parse_options(schema: type[D], raw: Mapping[str, object] | None, where: str)
     unknown = sorted(set(given) - set(fields))
     if unknown:
         allowed = ", ".join(sorted(fields)) or "(none)"
-        raise ConfigError(join(where, unknown[0]), f"unknown key; allowed keys: {allowed}")
+        # a key named inside an allowed one ("shards" of "directory_shards"), else the closest spelling
+        close = sorted((f for f in fields if unknown[0] in f or f in unknown[0]), key=len) or (
+            difflib.get_close_matches(unknown[0], list(fields), n=1, cutoff=0.6)
+        )
+        meant = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(join(where, unknown[0]), f"unknown key; {meant}allowed keys: {allowed}")
     values = {}
     for name, f in fields.items():
         full = join(where, name)

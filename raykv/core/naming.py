@@ -12,6 +12,15 @@ def directory_shard(index: int) -> str:
     return f"raykv-directory-{index}"
 
 
+#: Names of the node agents start with this (``raykv stop`` finds them by it).
+DIRECTORY_AGENT_PREFIX = "raykv-directory-agent-"
+
+
+def directory_agent(node_id: str) -> str:
+    """A node's directory agent (``raykv.directory.agent``)."""
+    return DIRECTORY_AGENT_PREFIX + node_id
+
+
 def object_store_actor(node_id: str) -> str:
     return f"raykv-object-store-{node_id}"
 

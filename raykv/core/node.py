@@ -68,3 +68,17 @@ def _resolve_noted_node(connected: str, noted: str, env: str) -> str:
         return connected
     logger.info("raykv: this process is on node %s (%s; Ray connected it to node %s)", noted, env, connected)
     return noted
+
+
+def ray_session() -> str | None:
+    """The Ray session this process is connected to (its GCS address); None when not connected.
+
+    raykv's background threads (policy long poll, fs control, KV-event bridge)
+    note it when they start and stop once it changes: a thread still calling
+    into Ray after ``ray.shutdown()`` (and a later ``ray.init``) can be inside a
+    Ray call when the interpreter exits, which crashes it (ray-project/ray#47864:
+    ``check_signals`` taking the GIL during finalization).
+    """
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().gcs_address

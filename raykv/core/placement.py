@@ -146,8 +146,8 @@ def holder_codes(parts: Sequence[tuple[np.ndarray | None, LookupReply]], n: int)
         codes = np.frombuffer(parts[0][1].set_ids, dtype="<u4")
     else:
         codes = np.zeros(n, dtype=np.int64)
-    for positions, (blob, sets, holders) in parts:
-        ids = np.frombuffer(blob, dtype="<u4")
+    for positions, reply in parts:
+        ids, sets, holders = np.frombuffer(reply.set_ids, dtype="<u4"), reply.sets, reply.holders
         lut = np.zeros(max(sets, default=0) + 1, dtype=np.int64)
         for i, slots in sets.items():
             lut[i] = len(by_code)

@@ -52,6 +52,10 @@ class LookupReply(NamedTuple):
     sets: dict[int, tuple[int, ...]]
     #: The holders of those slots.
     holders: dict[int, HolderInfo]
+    #: The shard's life and its change feed's last entry when it answered
+    #: (``raykv.directory.feed``): a view applies the answer in feed order.
+    feed_epoch: int = 0
+    feed_seq: int = -1
 
 
 @dataclass(frozen=True)

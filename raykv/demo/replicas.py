@@ -168,7 +168,7 @@ class EngineReplica:
         """The smoothed directory round trip this process's engine measured (in-process engine only)."""
         from raykv.services.cluster import attached_services
 
-        rtts = [s.lookup_cache.rtt_s for s in attached_services() if s.lookup_cache.rtt_s is not None]
+        rtts = [r for s in attached_services() if (r := s.lookup_cache.round_trips.rtt_s) is not None]
         return sum(rtts) / len(rtts) if rtts else None
 
     def shutdown(self) -> None:

@@ -26,6 +26,9 @@ from raykv.core.wire import HolderInfo, LookupReply
 from raykv.directory.answers import AnswerStore
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
 from raykv.directory.messages import ShardStats
+from raykv.directory.round_trips import RoundTrips
+from raykv.directory.shm_view import ViewReader
+from raykv.directory.view_overlay import ViewOverlay
 from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,22 @@ def shard_ids(keys: Sequence[bytes] | PackedKeys, num_shards: int) -> np.ndarray
         return None
     heads = np.ascontiguousarray(packed.bytes_at(12, 8)).view(">u8").reshape(-1)
     return heads % np.uint64(num_shards)
+
+
+def fingerprints_and_shards(
+    keys: Sequence[bytes], length: int | None, num_shards: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each key's fingerprint and owning shard, a batch at a time (keys bytes-like;
+    all ``length`` bytes long when known)."""
+    # Small batches go key by key: numpy's fixed costs are more than theirs.
+    packed = PackedKeys(keys, length) if len(keys) >= SMALL_BATCH else None
+    fps = fingerprints(keys) if packed is None else packed_fingerprints(packed)
+    if num_shards == 1:
+        return fps, np.zeros(len(keys), dtype=np.int64)
+    ids = None if packed is None else shard_ids(packed, num_shards)
+    if ids is None:  # a small batch, or keys shorter than 12 bytes
+        ids = np.fromiter((shard_of(k, num_shards) for k in keys), dtype=np.int64, count=len(keys))
+    return fps, ids
 
 
 class PendingLookup:
@@ -105,14 +124,9 @@ class DirectoryClient:
         """Per shard: the positions of its keys in ``keys`` (bytes-like; all
         ``length`` bytes long when known), and their fingerprints' blob."""
         n = len(self.shards)
-        # Small batches go key by key: numpy's fixed costs are more than theirs.
-        packed = PackedKeys(keys, length) if len(keys) >= SMALL_BATCH else None
-        fps = fingerprints(keys) if packed is None else packed_fingerprints(packed)
+        fps, ids = fingerprints_and_shards(keys, length, n)
         if n == 1:
             return [(np.arange(len(keys)), to_blob(fps))]
-        ids = None if packed is None else shard_ids(packed, n)
-        if ids is None:  # a small batch, or keys shorter than 12 bytes
-            ids = np.fromiter((shard_of(k, n) for k in keys), dtype=np.int64, count=len(keys))
         ids = ids.astype(np.int64, copy=False)
         order = np.argsort(ids, kind="stable")
         bounds = np.cumsum(np.bincount(ids, minlength=n))
@@ -186,6 +200,36 @@ class DirectoryClient:
         return ray.get([s.stats.remote() for s in self.shards], timeout=timeout)
 
 
+class AgentClient:
+    """The directory through the node's agent (``raykv.directory.agent``): an
+    engine's lookups and a holder's registrations, one call each, merged there
+    with the node's other calls into one call per shard per window."""
+
+    def __init__(self, agent: ActorHandle, num_shards: int) -> None:
+        self.agent = agent
+        self.num_shards = num_shards
+
+    def _blobs(self, keys: Sequence[bytes]) -> tuple[list[bytes], bytes, bytes]:
+        listed, length = bytes_and_length(keys)
+        fps, shards = fingerprints_and_shards(listed, length, self.num_shards)
+        return listed, to_blob(fps), shards.astype("<u2").tobytes()
+
+    def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
+        """A holder of this node now holds ``keys`` (merged into the agent's next window)."""
+        _, fps, shards = self._blobs(keys)
+        return [self.agent.register.remote(holder_id, fps, shards)]
+
+    def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
+        _, fps, shards = self._blobs(keys)
+        return [self.agent.unregister.remote(holder_id, fps, shards)]
+
+    def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
+        listed, length = bytes_and_length(keys)
+        fps, shards = fingerprints_and_shards(listed, length, self.num_shards)
+        ref: ray.ObjectRef[LookupReply] = self.agent.lookup.remote(to_blob(fps), shards.astype("<u2").tobytes())
+        return PendingLookup(listed, [(np.arange(len(listed)), ref)])
+
+
 class LookupCache:
     """Non-blocking per-key directory answers for one engine process.
 
@@ -202,9 +246,18 @@ class LookupCache:
     """
 
     def __init__(
-        self, client: DirectoryClient, ttl_s: float = 2.0, max_wait_s: float = 5.0, max_entries: int = 131_072
+        self,
+        client: DirectoryClient | AgentClient,
+        ttl_s: float = 2.0,
+        max_wait_s: float = 5.0,
+        max_entries: int = 131_072,
+        view: ViewReader | None = None,
     ) -> None:
         self.client = client
+        #: The node's directory view in shared memory (None: no agent): read first, no call.
+        self.view = view
+        #: This process's corrections to the view (its own stores, distrusted keys).
+        self._overlay = ViewOverlay(view, ttl_s, max_entries) if view is not None else None
         self.max_wait_s = max_wait_s
         self._lock = threading.Lock()
         #: Answers kept (every use holds ``_lock``).
@@ -214,9 +267,8 @@ class LookupCache:
         self._in_flight: dict[bytes, PendingLookup] = {}
         self._pending: list[PendingLookup] = []
         self.lookups_sent = 0
-        #: Smoothed round trip of the lookups this process waited for (seconds; None: none yet).
-        self.rtt_s: float | None = None
-        self._last_probe = 0.0
+        #: The round trips of the lookups this process waited for (``RoundTrips.wait_budget``).
+        self.round_trips = RoundTrips()
         self._timed: set[int] = set()  # ids of waited-for lookups that answered late
         #: Lookup rounds: one per engine step that looked anything up (the first
         #: ``flush`` after a ``poll``). A request RETRY'd in two rounds in a row
@@ -227,6 +279,11 @@ class LookupCache:
     def __len__(self) -> int:
         """Answers kept now (at most ``max_entries``)."""
         return len(self._answers)
+
+    @property
+    def view_answers(self) -> int:
+        """Keys answered from the node's view."""
+        return self._overlay.answers if self._overlay is not None else 0
 
     @property
     def ttl_s(self) -> float:
@@ -249,9 +306,14 @@ class LookupCache:
             }
 
     def get(self, key: bytes) -> list[HolderInfo] | None:
-        """The holders of ``key`` when a fresh answer is known, else None."""
+        """The holders of ``key`` when a fresh answer is known (the node's view
+        first, then this process's answers), else None."""
         with self._lock:
-            return self._answers.get(key)
+            if self._overlay is not None:
+                holders = self._overlay.get(key)
+                if holders is not None:
+                    return holders
+            return self._answers.get(key)  # no view, a key it does not know, or one distrusted
 
     def request(self, key: bytes) -> None:
         with self._lock:
@@ -314,7 +376,7 @@ class LookupCache:
             try:
                 if p.done():
                     if id(p) in self._timed:  # a wait that timed out: its round trip, at most this
-                        self._observe_rtt(time.monotonic() - p.sent_at)
+                        self.round_trips.observe(time.monotonic() - p.sent_at)
                     answers = p.result(timeout=0)
                 elif time.monotonic() - p.sent_at > self.max_wait_s:
                     logger.warning("directory lookup of %d keys timed out", len(p.keys))
@@ -330,25 +392,6 @@ class LookupCache:
         with self._lock:
             self._answers.put(keys, answers)
 
-    #: While round trips are slower than the wait, still wait once per this many
-    #: seconds, to notice that the directory got fast again.
-    PROBE_EVERY_S = 1.0
-
-    def wait_budget(self, wait_s: float) -> float:
-        """How long a lookup may wait for the directory: ``wait_s`` while this
-        process's recent round trips fit in it, else 0 (a wait that would time
-        out anyway only delays the step), except one probe per ``PROBE_EVERY_S``."""
-        if wait_s <= 0 or self.rtt_s is None or self.rtt_s <= wait_s:
-            return max(wait_s, 0.0)
-        now = time.monotonic()
-        if now - self._last_probe >= self.PROBE_EVERY_S:
-            self._last_probe = now
-            return wait_s
-        return 0.0
-
-    def _observe_rtt(self, seconds: float) -> None:
-        self.rtt_s = seconds if self.rtt_s is None else 0.7 * self.rtt_s + 0.3 * seconds
-
     def resolve(self, keys: Sequence[bytes], timeout_s: float) -> bool:
         """Look ``keys`` up now, in one batched call, and wait at most
         ``timeout_s`` for the answer (a request's whole prefix at its first
@@ -357,6 +400,9 @@ class LookupCache:
         ``request`` + ``flush``."""
         with self._lock:
             unknown = [k for k in dict.fromkeys(keys) if k not in self._answers and k not in self._in_flight]
+            if unknown and self._overlay is not None:
+                answered = self._overlay.read_prefix(unknown)
+                unknown = [k for k in unknown if k not in answered]
         if not unknown:
             return True
         try:
@@ -375,7 +421,7 @@ class LookupCache:
             COUNTS.polls += 1
         if len(ready) == len(refs):
             if timeout_s > 0:
-                self._observe_rtt(time.monotonic() - pending.sent_at)
+                self.round_trips.observe(time.monotonic() - pending.sent_at)
             try:
                 answers = pending.result(timeout=0)
             except Exception as e:  # a shard died mid-lookup: treat as misses
@@ -411,10 +457,16 @@ class LookupCache:
                     # Its lookup was sent before this store registered: the answer on
                     # its way may not name ``holder``; the store adds it then.
                     self._answers.hold_for_answer(k, holder)
+            if self._overlay is not None:  # read our writes until the view shows them
+                self._overlay.note_stored(keys, holder)
 
     def invalidate(self, keys: Sequence[bytes], tier_type: str | None = None) -> None:
         """Forget cached answers for ``keys``: only their ``tier_type`` holders
-        when given (the other tiers' holders stay known), else all of them."""
+        when given (the other tiers' holders stay known), else all of them. The
+        node's view is not trusted for them for ``ttl_s`` either (a failed load
+        says it may lag): they are asked again."""
         with self._lock:
             for k in keys:
                 self._answers.invalidate(k, tier_type)
+            if self._overlay is not None:  # the view may be as wrong: not trusted for these for a while
+                self._overlay.distrust(keys, tier_type)

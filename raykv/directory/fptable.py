@@ -15,9 +15,14 @@ dead slots, when the table would pass ``MAX_LOAD``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from raykv.directory.fingerprint import EMPTY
+
+#: ``allocate(buckets) -> (fps, vals)``: zeroed ``(buckets, BUCKET)`` uint64 and uint32 arrays.
+Allocate = Callable[[int], tuple[np.ndarray, np.ndarray]]
 
 BUCKET = 8
 MAX_LOAD = 0.85
@@ -40,15 +45,28 @@ class FingerprintTable:
     ``bucket * BUCKET + column`` (index into ``fps.reshape(-1)``).
     """
 
-    def __init__(self, capacity: int = MIN_BUCKETS * BUCKET) -> None:
+    def __init__(self, capacity: int = MIN_BUCKETS * BUCKET, allocate: Allocate | None = None) -> None:
+        #: Makes the zeroed ``(fps, vals)`` arrays of a given bucket count (None:
+        #: private numpy arrays); a node's view puts them in shared memory.
+        self._allocate = allocate
         nb = MIN_BUCKETS
         while nb * BUCKET < capacity:
             nb *= 2
         self._alloc(nb)
 
+    @classmethod
+    def over(cls, fps: np.ndarray, vals: np.ndarray) -> FingerprintTable:
+        """A table over existing ``(buckets, BUCKET)`` arrays (a reader of a shared view)."""
+        table = cls.__new__(cls)
+        table._allocate, table.fps, table.vals, table.used = None, fps, vals, 0
+        return table
+
     def _alloc(self, buckets: int) -> None:
-        self.fps = np.zeros((buckets, BUCKET), dtype=np.uint64)
-        self.vals = np.zeros((buckets, BUCKET), dtype=np.uint32)
+        if self._allocate is None:
+            self.fps = np.zeros((buckets, BUCKET), dtype=np.uint64)
+            self.vals = np.zeros((buckets, BUCKET), dtype=np.uint32)
+        else:
+            self.fps, self.vals = self._allocate(buckets)
         self.used = 0  # slots with a fingerprint (live or dead)
 
     @property
@@ -92,6 +110,12 @@ class FingerprintTable:
         (slots found before this call are stale then)."""
         if self.used + n <= MAX_LOAD * self.capacity:
             return False
+        self.compact(n)
+        return True
+
+    def compact(self, n: int = 0) -> None:
+        """Rebuild now, sized for the live entries and ``n`` more: dead slots
+        (value 0) go, and a table that shrank gets smaller."""
         live = self.values != 0
         fps, values = self.flat_fps[live], self.values[live]
         nb = MIN_BUCKETS
@@ -99,7 +123,6 @@ class FingerprintTable:
             nb *= 2
         self._alloc(nb)
         self.values[self._fill(fps)] = values
-        return True
 
     def _fill(self, fps: np.ndarray) -> np.ndarray:
         """``insert`` into an empty table: round ``c`` places one more key per

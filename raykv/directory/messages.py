@@ -6,8 +6,11 @@ Lookups and holder announcements cross as ``raykv.core.wire`` types
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
+
+from raykv.core.wire import HolderInfo, LookupReply
 
 
 class ShardFigures(TypedDict):
@@ -59,3 +62,107 @@ class ShardStats:
     dropped: list[DroppedHolder]
     started_at: float = 0.0
     rebuild: RebuildReport = field(default_factory=RebuildReport)
+
+
+class FeedOp(enum.IntEnum):
+    """What one change-feed entry did (``raykv.directory.feed``)."""
+
+    ADD_HOLDER = 1
+    DROP_HOLDER = 2
+    REGISTER = 3
+    UNREGISTER = 4
+
+
+class FeedEntry(NamedTuple):
+    """One change of a shard: ``op`` on ``holder_id``'s keys ``fps`` (a fingerprint blob)."""
+
+    seq: int
+    op: FeedOp
+    holder_id: str
+    fps: bytes = b""
+    #: The holder, for ``ADD_HOLDER``.
+    info: HolderInfo | None = None
+    #: When the shard made the change (``time.time()``): the views' replica lag.
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class FeedPage:
+    """A shard's answer to ``changes``: the entries after the reader's last one, up to ``seq``."""
+
+    epoch: int
+    seq: int
+    entries: tuple[FeedEntry, ...]
+    #: The reader must start over: drop what it learnt from this shard, take
+    #: ``holders`` as the shard's holders now and follow from ``seq``.
+    gap: bool = False
+    holders: tuple[HolderInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class AgentStats:
+    """A node's directory agent's ``stats()`` (``raykv status``, tests, the directory bench)."""
+
+    node_id: str
+    window_ms: float
+    #: Keys the view knows (held somewhere or known held by nobody), and its bytes.
+    view_keys: int
+    view_bytes: int
+    #: Keys of this node's own holders in the view.
+    local_keys: int
+    #: Engine lookup calls taken, and keys in them (keys an engine's view read settled never come here).
+    lookups: int
+    keys_asked: int
+    #: Calls made to the shards (lookups, feed reads) and engine calls merged into them.
+    shard_calls: dict[str, int]
+    #: Feed entries applied, gaps (view parts dropped and re-read), views reset.
+    feed_entries: int
+    gaps: int
+    resets: int
+    #: Replica lag: seconds from a change at a shard to the view, p50 and p99 of recent ones (None: none yet).
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    started_at: float = 0.0
+    #: Holders' register / unregister calls taken.
+    holder_changes: int = 0
+
+    def summary(self) -> str:
+        """View size, calls and lag, one line (the agent's status log)."""
+        p50, p99 = self.lag_p50_s, self.lag_p99_s
+        lag = "no changes yet" if p99 is None or p50 is None else f"lag p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
+        return (
+            f"directory agent of node {self.node_id[:12]}: view {self.view_keys} keys ({self.local_keys} local); "
+            f"{self.lookups} engine lookups + {self.holder_changes} holder changes "
+            f"-> {self.shard_calls.get('apply', 0)} shard calls; {lag}; {self.resets} resets"
+        )
+
+
+class KeyOp(NamedTuple):
+    """One holder's keys registered or unregistered (``op``: REGISTER or UNREGISTER)."""
+
+    op: FeedOp
+    holder_id: str
+    #: Fingerprint blob (``fingerprint.to_blob``).
+    fps: bytes
+
+
+@dataclass(frozen=True)
+class ShardBatch:
+    """A node agent's combined call to one shard for one window: key changes, applied
+    in order, then one lookup (``lookup``: a fingerprint blob; empty: none).
+    ``follow``: the agent's feed position (epoch, seq): the reply then carries the
+    feed page after it, so a busy agent needs no separate ``changes`` call."""
+
+    ops: tuple[KeyOp, ...] = ()
+    lookup: bytes = b""
+    follow: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class ShardBatchReply:
+    """Per op the keys it changed, the lookup's answer (None when none was asked) and
+    the feed page after the batch's ``follow`` position, its changes included (None: not asked)."""
+
+    counts: tuple[int, ...]
+    lookup: LookupReply | None
+    page: FeedPage | None = None

@@ -28,10 +28,20 @@ from ray.actor import ActorHandle
 
 from raykv.core import naming
 from raykv.core.wire import HolderInfo, LookupReply
-from raykv.directory.fingerprint import from_blob
+from raykv.directory.feed import ChangeFeed
+from raykv.directory.fingerprint import from_blob, to_blob
 from raykv.directory.fptable import FingerprintTable
 from raykv.directory.holdersets import HolderSets
-from raykv.directory.messages import DroppedHolder, RebuildReport, ShardFigures, ShardStats
+from raykv.directory.messages import (
+    DroppedHolder,
+    FeedOp,
+    FeedPage,
+    RebuildReport,
+    ShardBatch,
+    ShardBatchReply,
+    ShardFigures,
+    ShardStats,
+)
 from raykv.metrics import status_log
 from raykv.metrics.recorders import publish_shard_metrics
 
@@ -96,6 +106,8 @@ class DirectoryShardImpl:
         self.invalidated: Counter[str] = Counter()  # keys dropped, by reason (metrics)
         self.looked_up = 0  # keys looked up (metrics)
         self.found = 0  # keys looked up that some holder held (status line)
+        #: Every change, in order, for the node agents' views (``raykv.directory.agent``).
+        self.feed = ChangeFeed()
 
     @property
     def nbytes(self) -> int:
@@ -112,6 +124,7 @@ class DirectoryShardImpl:
             self._slot_of[info.holder_id] = slot
             self._count[slot] = 0
         self._holders[slot] = info
+        self.feed.append(FeedOp.ADD_HOLDER, info.holder_id, info=info)
         return slot
 
     def drop_holder(self, holder_id: str, reason: str = "") -> int:
@@ -130,6 +143,7 @@ class DirectoryShardImpl:
         self.invalidated[reason or "removed"] += n
         self.dropped.append(DroppedHolder(holder_id, n, reason, time.time()))
         del self.dropped[:-100]
+        self.feed.append(FeedOp.DROP_HOLDER, holder_id)
         return n
 
     # -- keys ------------------------------------------------------------
@@ -147,6 +161,8 @@ class DirectoryShardImpl:
         table.values[pos] = self._sets.with_slot(cur, slot)
         self.num_keys += int(np.count_nonzero(cur == 0))
         self._count[slot] += len(pos)
+        if len(pos):
+            self.feed.append(FeedOp.REGISTER, holder_id, to_blob(fps[fresh]))
         return len(pos)
 
     def sync_holder(self, holder_id: str, keys: Keys) -> tuple[int, int]:
@@ -166,15 +182,19 @@ class DirectoryShardImpl:
         slot = self._slot_of.get(holder_id)
         if slot is None:
             return 0
-        pos = self._table.find(distinct(from_blob(keys)))
-        pos = pos[pos >= 0]
+        fps = distinct(from_blob(keys))
+        pos = self._table.find(fps)
+        fps, pos = fps[pos >= 0], pos[pos >= 0]
+        held = self._sets.has(self._table.values[pos], slot)
+        fps, pos = fps[held], pos[held]
         cur = self._table.values[pos]
-        pos, cur = pos[self._sets.has(cur, slot)], cur[self._sets.has(cur, slot)]
         new = self._sets.without_slot(cur, slot)
         self._table.values[pos] = new
         self.num_keys -= int(np.count_nonzero(new == 0))
         self._count[slot] -= len(pos)
         self.invalidated["evicted"] += len(pos)
+        if len(pos):
+            self.feed.append(FeedOp.UNREGISTER, holder_id, to_blob(fps))
         return len(pos)
 
     def lookup(self, keys: Keys) -> LookupReply:
@@ -187,7 +207,22 @@ class DirectoryShardImpl:
         self.found += int(np.count_nonzero(ids))
         sets = {int(i): tuple(sorted(self._sets.slots(i))) for i in self._sets.present(ids) if i}
         used: set[int] = set().union(*sets.values()) if sets else set()
-        return LookupReply(ids.tobytes(), sets, {s: self._holders[s] for s in used})
+        holders = {s: self._holders[s] for s in used}
+        return LookupReply(ids.tobytes(), sets, holders, self.feed.epoch, self.feed.seq)
+
+    def apply(self, batch: ShardBatch) -> ShardBatchReply:
+        """A node agent's combined call: its key changes in order, the feed page after
+        its position (these changes included), then its lookup (taken at the page's end)."""
+        counts = tuple(
+            self.register(op.holder_id, op.fps) if op.op == FeedOp.REGISTER else self.unregister(op.holder_id, op.fps)
+            for op in batch.ops
+        )
+        page = self.changes(*batch.follow) if batch.follow is not None else None
+        return ShardBatchReply(counts, self.lookup(batch.lookup) if batch.lookup else None, page)
+
+    def changes(self, epoch: int, since: int) -> FeedPage:
+        """The feed's entries after ``since`` (``ChangeFeed.page``)."""
+        return self.feed.page(epoch, since, list(self._holders.values()))
 
     def holder_fingerprints(self, holder_id: str) -> np.ndarray:
         """Fingerprints of every key ``holder_id`` holds here."""
@@ -232,6 +267,8 @@ class DirectoryShard:
         self.started_at = time.time()
         self.rebuild = RebuildReport()
         self._delay_s = testing_delay_s(index)
+        #: Set (and replaced) at every change: wakes the agents' waiting ``changes`` calls.
+        self._changed = asyncio.Event()
         if self._delay_s:
             logger.warning(
                 "directory shard %d answers %.0f ms late (%s)", index, self._delay_s * 1e3, TESTING_DELAY_ENV
@@ -314,6 +351,7 @@ class DirectoryShard:
         self._impl.calls["add_holder"] += 1
         self._impl.drop_holder(info.holder_id, reason="re-added")
         self._watch_holder(info, handle)
+        self._notify()
 
     async def _watch(self, holder_id: str, handle: ActorHandle) -> None:
         try:
@@ -322,6 +360,7 @@ class DirectoryShard:
             return
         except Exception as e:  # the holder's actor died (or its node did)
             n = self._impl.drop_holder(holder_id, reason=type(e).__name__)
+            self._notify()
             logger.info("holder %s died (%s): dropped %d keys", holder_id, type(e).__name__, n)
         self._watches.pop(holder_id, None)
 
@@ -331,17 +370,26 @@ class DirectoryShard:
         task = self._watches.pop(holder_id, None)
         if task is not None:
             task.cancel()
-        return self._impl.drop_holder(holder_id, reason)
+        try:
+            return self._impl.drop_holder(holder_id, reason)
+        finally:
+            self._notify()
 
     async def register(self, holder_id: str, keys: Keys) -> int:
         await self._ready_to_answer()
         self._impl.calls["register"] += 1
-        return self._impl.register(holder_id, keys)
+        try:
+            return self._impl.register(holder_id, keys)
+        finally:
+            self._notify()
 
     async def unregister(self, holder_id: str, keys: Keys) -> int:
         await self._ready_to_answer()
         self._impl.calls["unregister"] += 1
-        return self._impl.unregister(holder_id, keys)
+        try:
+            return self._impl.unregister(holder_id, keys)
+        finally:
+            self._notify()
 
     async def holder_counts(self, holder_id: str) -> int | None:
         """Keys listed for ``holder_id`` here (None: unknown holder): holders compare it with their own."""
@@ -357,6 +405,7 @@ class DirectoryShard:
         if self._impl.holder_count(holder.holder_id) is None or holder.holder_id not in self._watches:
             self._watch_holder(holder, handle)
         added, removed = self._impl.sync_holder(holder.holder_id, keys)
+        self._notify()
         if added or removed:
             logger.warning(
                 "directory shard %d: holder %s was out of sync (+%d / -%d keys); repaired",
@@ -371,6 +420,37 @@ class DirectoryShard:
         await self._ready_to_answer()
         self._impl.calls["lookup"] += 1
         return self._impl.lookup(keys)
+
+    async def apply(self, batch: ShardBatch) -> ShardBatchReply:
+        """A node agent's combined call for one window (``DirectoryShardImpl.apply``)."""
+        await self._ready_to_answer()
+        self._impl.calls["apply"] += 1
+        try:
+            return self._impl.apply(batch)
+        finally:
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wake the readers of the change feed waiting in ``changes``."""
+        if self._impl.feed.seq != self._notified:
+            self._notified = self._impl.feed.seq
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+
+    _notified = 0
+
+    async def changes(self, epoch: int, since: int, wait_s: float = 1.0) -> FeedPage:
+        """The change feed after ``since`` (``ChangeFeed.page``); when there is
+        nothing new yet, wait up to ``wait_s`` for it (one call per reader in flight)."""
+        await self._ready()
+        self._impl.calls["changes"] += 1
+        feed = self._impl.feed
+        if epoch == feed.epoch and since == feed.seq and wait_s > 0:
+            try:
+                await asyncio.wait_for(self._changed.wait(), wait_s)
+            except asyncio.TimeoutError:
+                pass
+        return self._impl.changes(epoch, since)
 
     async def holder_fingerprints(self, holder_id: str) -> np.ndarray:
         """Fingerprints (``raykv.directory.fingerprint``) of ``holder_id``'s keys here."""

@@ -193,7 +193,7 @@ class DirectoryBackedTier(SecondaryTier):
         """At a request's first unknown key: look up its whole prefix (or this
         key) in one directory call, so one step later every key of it is
         known. Wait for the answer up to ``lookup_wait_ms`` while this
-        process's directory round trips fit in it (``LookupCache.wait_budget``),
+        process's directory round trips fit in it (``RoundTrips.wait_budget``),
         so that HIT and MISS are answered in the step that asked. True when
         answered now."""
         if req_context.prefix_resolved:
@@ -212,7 +212,7 @@ class DirectoryBackedTier(SecondaryTier):
                 logger.debug("prefix keys unavailable: %r", e)
         if len(keys) == 1 and req_context.prefix_keys is None and self._lookup_wait_s <= 0:
             return False  # nothing to gain over the step's batched call
-        return self._cache.resolve(keys, self._cache.wait_budget(self._lookup_wait_s))
+        return self._cache.resolve(keys, self._cache.round_trips.wait_budget(self._lookup_wait_s))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         return self.services.policy.decide(self.tier_type, req_context)

@@ -39,7 +39,8 @@ from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
-from raykv.directory.client import DirectoryClient, shard_ids
+from raykv.directory.agent import start_agent
+from raykv.directory.client import AgentClient, DirectoryClient, shard_ids
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.holders.events import HoldingsLog
 from raykv.holders.messages import HolderStats
@@ -176,6 +177,9 @@ class HolderActor(WatchableActor):
     requested_capacity: int
     #: Set by the start-up task, which every method awaits first.
     _directory: DirectoryClient
+    #: Where ``_register``/``_unregister`` go: the node's directory agent (merged into
+    #: its windows) when ``directory_agent`` is on, else straight to the shards.
+    _writes: DirectoryClient | AgentClient
     _control: ActorHandle
 
     def __init__(self, info: HolderInfo, namespace: str, counter_names: Mapping[str, str]) -> None:
@@ -218,6 +222,18 @@ class HolderActor(WatchableActor):
             ray.get_actor(naming.directory_shard(i), namespace=self.namespace) for i in range(config.directory_shards)
         ]
         self._directory = DirectoryClient(shards)
+        self._writes = self._directory
+        if getattr(config, "directory_agent", False):
+            node_id = ray.get_runtime_context().get_node_id()
+            agent = start_agent(
+                self.namespace,
+                node_id,
+                shards,
+                config.agent_window_ms,
+                config.agent_view_keys,
+                all_keys=config.agent_view_all_keys,
+            )
+            self._writes = AgentClient(agent, len(shards))
         self._control = control
         self._reconciler = self.start_reconciling(self._directory, float(config.holder_reconcile_s))
         me = ray.get_runtime_context().current_actor
@@ -244,11 +260,11 @@ class HolderActor(WatchableActor):
         """Tell the directory we hold ``keys``. The calls leave now, before any
         other coroutine of this actor runs (so index and directory change
         together); await the result to count failures."""
-        return self._settled(self._directory.register(self.info.holder_id, keys) if keys else [])
+        return self._settled(self._writes.register(self.info.holder_id, keys) if keys else [])
 
     def _unregister(self, keys: Sequence[bytes]) -> Awaitable[None]:
         """Tell the directory we no longer hold ``keys`` (sent now, like ``_register``)."""
-        return self._settled(self._directory.unregister(self.info.holder_id, keys) if keys else [])
+        return self._settled(self._writes.unregister(self.info.holder_id, keys) if keys else [])
 
     async def _settled(self, refs: list[ray.ObjectRef[int]]) -> None:
         self.counters["directory_errors"] += await settle(refs)

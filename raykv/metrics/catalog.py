@@ -182,6 +182,13 @@ _SPECS = (
         LATENCY_BOUNDARIES,
     ),
     MetricSpec(
+        "raykv_router_decision_cpu_seconds",
+        COUNTER,
+        "CPU time of the raykv request router's thread in its decisions (its own work; the rest of "
+        "raykv_router_decision_seconds is waiting for a core or for the event loop)",
+        ("deployment",),
+    ),
+    MetricSpec(
         "raykv_router_stage_seconds",
         COUNTER,
         "time the raykv request router spent in each stage of its decisions (tokenize, hash, directory, rank)",
@@ -202,6 +209,32 @@ _SPECS = (
         COUNTER,
         "directory entries dropped (reason: evicted, or why the holder went: removed, restarted, ActorDiedError, ...)",
         ("shard", "reason"),
+    ),
+    # -- directory agents (one per node)
+    MetricSpec(
+        "raykv_agent_view_keys", GAUGE, "keys the node's directory view knows (held or known held by nobody)", ("node",)
+    ),
+    MetricSpec("raykv_agent_local_keys", GAUGE, "keys of the node's own holders in its directory view", ("node",)),
+    MetricSpec(
+        "raykv_agent_lag_seconds",
+        HISTOGRAM,
+        "replica lag: from a change at a directory shard to the node's view (the latest of each feed page)",
+        ("node",),
+        LATENCY_BOUNDARIES,
+    ),
+    MetricSpec("raykv_agent_engine_calls", COUNTER, "engine lookup calls the node's agent took", ("node",)),
+    MetricSpec(
+        "raykv_agent_shard_calls",
+        COUNTER,
+        "calls the node's agent made to directory shards "
+        "(method: apply = one window's combined call, changes, holder_fingerprints)",
+        ("node", "method"),
+    ),
+    MetricSpec(
+        "raykv_agent_view_resets",
+        GAUGE,
+        "times the node's view forgot what it knew since its agent started (a shard's feed had a gap)",
+        ("node",),
     ),
 )
 

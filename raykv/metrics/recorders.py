@@ -200,3 +200,46 @@ async def publish_shard_metrics(shard: int, figures: Callable[[], ShardFigures],
         except Exception as e:  # never let metrics take the shard down
             logger.debug("directory shard metrics not published: %r", e)
         await asyncio.sleep(period_s)
+
+
+class AgentFigures(TypedDict):
+    """What a node's directory agent publishes (``publish_agent_metrics``)."""
+
+    view_keys: int
+    local_keys: int
+    #: Engine lookup calls taken, ever.
+    engine_calls: int
+    #: Calls to the shards, ever, by method.
+    shard_calls: dict[str, int]
+    resets: int
+    #: Replica lags (seconds) observed since the last round.
+    lags: list[float]
+
+
+async def publish_agent_metrics(node_id: str, figures: Callable[[], AgentFigures], period_s: float = 1.0) -> None:
+    """Forever: node ``node_id``'s directory agent's view size, lag and calls
+    (``figures()``), recorded locally once per ``period_s`` on the agent's event loop."""
+    tags = {"node": node_id}
+    seen: dict[str, int] = {}
+
+    def grown(key: str, now: int) -> int:
+        delta = now - seen.get(key, 0)
+        seen[key] = now
+        return delta
+
+    while True:
+        try:
+            f = figures()
+            record("raykv_agent_view_keys", f["view_keys"], tags)
+            record("raykv_agent_local_keys", f["local_keys"], tags)
+            for lag in f["lags"]:
+                record("raykv_agent_lag_seconds", lag, tags)
+            if (n := grown("engine_calls", f["engine_calls"])) > 0:
+                record("raykv_agent_engine_calls", n, tags)
+            record("raykv_agent_view_resets", f["resets"], tags)
+            for method, total in f["shard_calls"].items():
+                if (n := grown(f"shard:{method}", total)) > 0:
+                    record("raykv_agent_shard_calls", n, {**tags, "method": method})
+        except Exception as e:  # never let metrics take the agent down
+            logger.debug("directory agent metrics not published: %r", e)
+        await asyncio.sleep(period_s)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -96,8 +97,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from raykv.bench.common import to_json
 
     module = bench.load(args.bench)
-    result = module.run(args)
-    print(to_json(result) if args.json else module.format_result(result))
+    if args.json:  # stdout holds the one JSON object: Ray's driver-side notices go to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            result = module.run(args)
+        print(to_json(result))
+    else:
+        print(module.format_result(module.run(args)))
     return 0
 
 

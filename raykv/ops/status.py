@@ -20,7 +20,7 @@ from raykv.core.errors import RaykvError
 from raykv.core.identity import KVIdentity
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import HolderInfo, JsonValue, Report
-from raykv.directory.messages import ShardStats
+from raykv.directory.messages import AgentStats, ShardStats
 from raykv.holders.messages import HolderStats
 from raykv.services.cluster import RaykvServices, identity_report
 
@@ -105,6 +105,23 @@ class DirectoryRow(TypedDict):
     keys_per_shard: list[int]
 
 
+class AgentRow(TypedDict, total=False):
+    """A node's directory agent (``raykv.directory.agent``)."""
+
+    node_id: str
+    alive: bool
+    window_ms: float
+    view_keys: int
+    local_keys: int
+    view_bytes: int
+    engine_calls: int
+    shard_calls: int
+    lag_p50_ms: float | None
+    lag_p99_ms: float | None
+    resets: int
+    error: str
+
+
 class NodeRow(TypedDict):
     node_id: str
     address: str | None
@@ -119,6 +136,7 @@ class ClusterStatus(TypedDict):
     ray_address: str
     services: list[ServiceRow]
     directory: DirectoryRow
+    agents: list[AgentRow]
     rules_version: int
     tiers: list[TierRow]
     identities: list[IdentityRow]
@@ -229,6 +247,34 @@ def _shard_stats(services: RaykvServices, timeout: float) -> list[ServiceRow]:
     return rows
 
 
+def _agent_rows(services: RaykvServices, timeout: float) -> list[AgentRow]:
+    """One row per node's directory agent."""
+    rows: list[AgentRow] = []
+    for node_id, agent in sorted(services.directory_agents().items()):
+        try:
+            ref: ray.ObjectRef[AgentStats] = agent.stats.remote()
+            a = ray.get(ref, timeout=timeout)
+        except Exception as e:
+            rows.append({"node_id": node_id, "alive": False, "error": type(e).__name__})
+            continue
+        rows.append(
+            {
+                "node_id": node_id,
+                "alive": True,
+                "window_ms": a.window_ms,
+                "view_keys": a.view_keys,
+                "local_keys": a.local_keys,
+                "view_bytes": a.view_bytes,
+                "engine_calls": a.lookups,
+                "shard_calls": a.shard_calls.get("apply", 0),
+                "lag_p50_ms": None if a.lag_p50_s is None else round(a.lag_p50_s * 1e3, 2),
+                "lag_p99_ms": None if a.lag_p99_s is None else round(a.lag_p99_s * 1e3, 2),
+                "resets": a.resets,
+            }
+        )
+    return rows
+
+
 def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool = True) -> ClusterStatus:
     """One JSON-able picture of a namespace's raykv services and tiers."""
     ns = services.namespace
@@ -238,7 +284,8 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     if metrics:
         from raykv.metrics.scrape import scrape_cluster
 
-        series = scrape_cluster(timeout=min(timeout, 3.0))
+        # (the whole timeout: a busy node's metrics agent can take seconds to answer)
+        series = scrape_cluster(timeout=timeout)
     rates = engine_hit_rates(series)
 
     tiers: list[TierRow] = []
@@ -265,6 +312,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         "ray_address": ray.get_runtime_context().gcs_address,
         "services": [control_row, *shards],
         "directory": {"shards": len(shards), "keys": sum(keys), "keys_per_shard": keys},
+        "agents": _agent_rows(services, timeout),
         "rules_version": control.rules_version,
         "tiers": tiers,
         "identities": identities,
@@ -342,6 +390,29 @@ def _tenant_lines(tiers: list[TierRow]) -> list[str]:
     return ["", "bytes per tenant (/ quota):", *rows] if rows else []
 
 
+def _agent_lines(agents: list[AgentRow]) -> list[str]:
+    """The directory agents' table: window, view size, lag, calls saved."""
+    if not agents:
+        return []
+    lines = [
+        "",
+        f"{'directory agent (node)':<22} {'alive':<6} {'window':>7} {'view keys':>10} {'local':>8} "
+        f"{'view mem':>9} {'engine calls':>12} {'shard calls':>11} {'lag p50/p99 ms':>15} {'resets':>6}",
+    ]
+    for a in agents:
+        if not a.get("alive"):
+            lines.append(f"{a['node_id'][:22]:<22} {'NO':<6} {a.get('error', '')}")
+            continue
+        p50, p99 = a.get("lag_p50_ms"), a.get("lag_p99_ms")
+        lag = "-" if p50 is None or p99 is None else f"{p50:.1f}/{p99:.1f}"
+        lines.append(
+            f"{a['node_id'][:22]:<22} {'yes':<6} {a.get('window_ms', 0):>5.1f}ms {a.get('view_keys', 0):>10} "
+            f"{a.get('local_keys', 0):>8} {fmt_bytes(a.get('view_bytes', 0)):>9} {a.get('engine_calls', 0):>12} "
+            f"{a.get('shard_calls', 0):>11} {lag:>15} {a.get('resets', 0):>6}"
+        )
+    return lines
+
+
 def format_status(status: ClusterStatus) -> str:
     """Terminal tables of ``collect_status``'s result."""
     d = status["directory"]
@@ -358,6 +429,7 @@ def format_status(status: ClusterStatus) -> str:
         lines.append(
             f"{s['name']:<22} {'yes' if s['alive'] else 'NO':<6} {s.get('keys', '-')!s:>8} {s.get('holders', '-')!s:>8}"
         )
+    lines += _agent_lines(status.get("agents", []))
     lines += [
         "",
         f"{'tier':<13} {'node / root':<30} {'alive':<6} {'blocks':>8} {'used':>10} {'capacity':>10} "

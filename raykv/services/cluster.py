@@ -21,8 +21,10 @@ from raykv.core.node import process_node_id
 from raykv.core.placement import LoadPlanner
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import HolderInfo, Report
-from raykv.directory.client import DirectoryClient, LookupCache
+from raykv.directory.agent import start_agent
+from raykv.directory.client import AgentClient, DirectoryClient, LookupCache
 from raykv.directory.shard import DirectoryShard
+from raykv.directory.shm_view import ViewReader, view_path
 from raykv.policy import PolicyCache, PolicyRule, check_rule_tier
 from raykv.services import grafana
 from raykv.services.control import ControlActor
@@ -125,13 +127,50 @@ class RaykvServices:
         self.namespace = config.namespace
         self.control = control
         self.directory = DirectoryClient(shards)
-        self.lookup_cache = LookupCache(
-            self.directory, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries
-        )
+        self._lookup_cache: LookupCache | None = None
         self._policy: PolicyCache | None = None
         self._identities_sent: set[bytes] = set()
         #: Which tier of this process loads which holder's blocks (``raykv.core.placement``).
         self.planner = LoadPlanner(self.node_id())
+
+    @property
+    def lookup_cache(self) -> LookupCache:
+        """This process's directory answers (made on first use: with the node's
+        agent and its shared view when ``directory_agent`` is on)."""
+        if self._lookup_cache is None:
+            config = self.config
+            client: DirectoryClient | AgentClient = self.directory
+            view = None
+            if getattr(config, "directory_agent", False):
+                client = AgentClient(self.directory_agent(), self.directory.num_shards)
+                view = ViewReader(view_path(self.namespace, self.node_id()))
+            self._lookup_cache = LookupCache(
+                client, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries, view=view
+            )
+        return self._lookup_cache
+
+    def directory_agent(self, node_id: str | None = None) -> ActorHandle:
+        """The directory agent of ``node_id`` (this process's node), started when missing."""
+        return start_agent(
+            self.namespace,
+            node_id or self.node_id(),
+            self.directory.shards,
+            float(getattr(self.config, "agent_window_ms", 2.0)),
+            int(getattr(self.config, "agent_view_keys", 1_000_000)),
+            all_keys=bool(getattr(self.config, "agent_view_all_keys", False)),
+        )
+
+    def directory_agents(self) -> dict[str, ActorHandle]:
+        """The running directory agents of this namespace, by node id."""
+        agents = {}
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            name = entry["name"] if isinstance(entry, dict) else entry
+            ns = entry.get("namespace") if isinstance(entry, dict) else self.namespace
+            if ns == self.namespace and name.startswith(naming.DIRECTORY_AGENT_PREFIX):
+                handle = _get_actor(name, self.namespace)
+                if handle is not None:
+                    agents[name[len(naming.DIRECTORY_AGENT_PREFIX) :]] = handle
+        return agents
 
     @property
     def policy(self) -> PolicyCache:
@@ -222,6 +261,12 @@ class RaykvServices:
             actor = _get_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
+        for agent in self.directory_agents().values():
+            try:
+                ray.get(agent.close.remote(), timeout=10)
+            except Exception as e:  # dead already: its view files go with `raykv stop`'s cleanup
+                logger.debug("directory agent close failed: %r", e)
+            ray.kill(agent)
         for shard in self.directory.shards:
             ray.kill(shard)
         ray.kill(self.control)

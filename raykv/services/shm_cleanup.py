@@ -3,8 +3,10 @@
 vLLM's ``SharedOffloadRegion`` (the CPU primary tier's pages) lives in
 ``/dev/shm/vllm_offload_<engine id>.mmap``. vLLM unlinks it once every worker
 mapped it, but an engine killed before that (or a ``ray down`` mid-start)
-leaves the file behind, holding its whole size of RAM. ``raykv stop`` removes
-such leftovers on every node (``clean_cluster``).
+leaves the file behind, holding its whole size of RAM. raykv's node agents
+keep their directory views in ``/dev/shm/raykv_view_*`` (``raykv.directory.shm_view``);
+a crashed agent leaves them. ``raykv stop`` removes such leftovers on every node
+(``clean_cluster``).
 
 A segment is removed only when its owning processes are gone: no process has
 it open or mapped (``/proc/<pid>/fd`` and ``/proc/<pid>/maps``). Only files of
@@ -18,11 +20,19 @@ import logging
 import os
 from collections.abc import Iterable
 
+from raykv.directory import shm_view
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 #: vLLM's name for the segment (``vllm/v1/kv_offload/cpu/shared_offload_region.py``).
 PREFIX, SUFFIX = "vllm_offload_", ".mmap"
+#: raykv's node views (their header files, and each header's table generations).
+VIEW_PREFIX = shm_view.PREFIX
+
+
+def _ours(name: str) -> bool:
+    return (name.startswith(PREFIX) and name.endswith(SUFFIX)) or name.startswith(VIEW_PREFIX)
 
 
 def _segments(shm_dir: str) -> list[str]:
@@ -33,7 +43,7 @@ def _segments(shm_dir: str) -> list[str]:
     except OSError:
         return out
     for e in entries:
-        if not (e.name.startswith(PREFIX) and e.name.endswith(SUFFIX)):
+        if not _ours(e.name):
             continue
         try:
             st = e.stat(follow_symlinks=False)
@@ -78,6 +88,11 @@ def stale_segments(shm_dir: str = SHM_DIR) -> list[str]:
     return sorted(p for p in segments if p not in used)
 
 
+def _kind(path: str) -> str:
+    """What a segment is, for the log line."""
+    return "raykv directory view" if os.path.basename(path).startswith(VIEW_PREFIX) else "vLLM offload segment"
+
+
 def remove_stale_segments(shm_dir: str = SHM_DIR) -> dict[str, int]:
     """Delete ``stale_segments``; returns path -> bytes freed."""
     removed: dict[str, int] = {}
@@ -88,10 +103,10 @@ def remove_stale_segments(shm_dir: str = SHM_DIR) -> dict[str, int]:
         except FileNotFoundError:
             continue
         except OSError as e:
-            logger.warning("cannot remove leftover vLLM shared-memory segment %s: %r", path, e)
+            logger.warning("cannot remove leftover %s %s: %r", _kind(path), path, e)
             continue
         removed[path] = size
-        logger.info("removed leftover vLLM shared-memory segment %s (%d bytes, no process uses it)", path, size)
+        logger.info("removed leftover %s %s (%d bytes, no process uses it)", _kind(path), path, size)
     return removed
 
 

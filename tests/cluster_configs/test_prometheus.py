@@ -100,6 +100,7 @@ class Engine:
         from raykv.metrics.catalog import record
 
         record("raykv_router_decision_seconds", seconds, {"deployment": "LLMServer:test"})
+        record("raykv_router_decision_cpu_seconds", seconds / 2, {"deployment": "LLMServer:test"})
         for stage in ("tokenize", "hash", "directory", "rank"):
             record("raykv_router_stage_seconds", seconds / 4, {"deployment": "LLMServer:test", "stage": stage})
         for source, tokens in by_source.items():

@@ -664,6 +664,7 @@ def _failing_inits(tmp_path) -> dict[str, tuple]:
     return {
         "ControlActor": (RaykvConfig(directory_shards=2, rules=[{"tier": 5}]),),
         "DirectoryShard": (0, 2, "raykv-test"),  # no running event loop here
+        "DirectoryAgent": ("raykv-test", "node-x", [], 2.0, 1024),  # no running event loop here
         "FsRootActor": (FsRootSettings(str(tmp_path / "no-such-parent" / "root"), 0), "raykv-test"),
         "ObjectStoreActor": ("node-x", "raykv-test", ObjectStoreSettings()),  # no running event loop here
         "ExampleNodeActor": ("node-x", "raykv-test", 0),  # no running event loop here

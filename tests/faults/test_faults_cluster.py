@@ -133,6 +133,22 @@ def _assert_invariants(services) -> None:
     assert not problems, problems
 
 
+def _clean_then_found_again(services, root: str, eng, work, seed: int) -> None:
+    """``work`` (``eng``'s workload, hit by a fault) ended clean with exact books; a
+    second workload (``seed``) ends clean and finds blocks the first stored. Closes both."""
+    rep = ray.get(work, timeout=120)
+    print("workload:", {k: v for k, v in rep.items() if k != "errors"})
+    harness.assert_clean(rep)
+    _assert_invariants(services)
+    eng2 = _engine({"head": 0.01}, root, seed=seed)
+    rep2 = ray.get(eng2.run.remote(2.0), timeout=120)
+    harness.assert_clean(rep2)
+    assert rep2.get("hit_object_store", 0) + rep2.get("hit_fs", 0) > 0, rep2
+    for e in (eng, eng2):
+        ray.get(e.close.remote())
+        ray.kill(e)
+
+
 # -- node loss ---------------------------------------------------------------------
 def test_node_loss_mid_workload(cluster):
     c, services, root = cluster
@@ -240,6 +256,8 @@ def test_directory_shard_killed_mid_workload_rebuilds(cluster):
     time.sleep(2.5)  # not a wait: the fault lands mid-workload, 2.5 s into its 7 s
     shard = services.directory.shards[0]
     before = ray.get(shard.stats.remote())
+    agent = ray.get_actor(naming.directory_agent(ray.get(eng.node_id.remote())), namespace=NS)
+    agent_before = ray.get(agent.stats.remote())
     t0 = time.monotonic()
     ray.kill(shard, no_restart=False)
     # ray.kill is asynchronous: a call sent right after it may still reach the
@@ -263,18 +281,42 @@ def test_directory_shard_killed_mid_workload_rebuilds(cluster):
         f"{1000 * rb.seconds:.0f} ms, {rb.keys} keys from {rb.holders} holders (had {before.keys})"
     )
     assert rb.holders >= 2 and rb.keys > 0 and not rb.error
-    rep = ray.get(work, timeout=120)
-    print("workload:", {k: v for k, v in rep.items() if k != "errors"})
-    harness.assert_clean(rep)
-    _assert_invariants(services)
+    # the node's agent could not follow the shard through its restart: its view dropped
+    # what it knew (a stale entry would name blocks the new shard no longer lists)
+    agent_after = wait_until(
+        lambda: (lambda s: s if s.resets > agent_before.resets else None)(ray.get(agent.stats.remote())),
+        timeout_s=30,
+        what="the agent's view to be reset after the shard restart",
+    )
+    assert agent_after.gaps > agent_before.gaps
     # a second workload finds what the first stored, through the rebuilt shard
-    eng2 = _engine({"head": 0.01}, root, seed=4)
-    rep2 = ray.get(eng2.run.remote(2.0), timeout=120)
-    harness.assert_clean(rep2)
-    assert rep2.get("hit_object_store", 0) + rep2.get("hit_fs", 0) > 0, rep2
-    for e in (eng, eng2):
-        ray.get(e.close.remote())
-        ray.kill(e)
+    _clean_then_found_again(services, root, eng, work, seed=4)
+
+
+# -- directory agent kill -----------------------------------------------------------------
+def test_directory_agent_killed_mid_workload(cluster):
+    """The node's agent crashes mid-workload: Ray restarts it, its view is rebuilt
+    from the feeds, and meanwhile lookups miss (never hang, never wrong bytes)."""
+    c, services, root = cluster
+    eng = _engine({"head": 0.01}, root, seed=6)
+    work = eng.run.remote(7.0)
+    time.sleep(2.5)  # not a wait: the fault lands mid-workload, 2.5 s into its 7 s
+    agent = ray.get_actor(naming.directory_agent(ray.get(eng.node_id.remote())), namespace=NS)
+    before = ray.get(agent.stats.remote())
+    assert before.lookups > 0  # the workload's lookups went through it
+    t0 = time.monotonic()
+    ray.kill(agent, no_restart=False)
+    wait_until(
+        lambda: (lambda s: s if s.started_at > before.started_at else None)(ray.get(agent.stats.remote(), timeout=30)),
+        timeout_s=60,
+        interval_s=0.01,
+        ignore=(ray.exceptions.ActorUnavailableError, ray.exceptions.ActorDiedError),
+        what="the agent to restart (a newer started_at)",
+    )
+    print(f"\nagent restart: {1000 * (time.monotonic() - t0):.0f} ms after the kill")
+    # the restarted agent serves a second workload, which finds what the first stored
+    _clean_then_found_again(services, root, eng, work, seed=6)
+    assert ray.get(agent.stats.remote()).lookups > 0  # the restarted agent took its lookups
 
 
 # -- engine killed during a store ------------------------------------------------------------

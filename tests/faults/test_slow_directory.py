@@ -114,35 +114,49 @@ def test_a_slow_shard_costs_misses_never_a_stalled_step(slow_shard_services) -> 
         region.close()
 
 
-def test_the_router_falls_back_within_its_lookup_timeout(slow_shard_services, tmp_path) -> None:
-    """The raykv router asks the real (slow) directory: it gives up at its
-    ``lookup_timeout_s`` (0.2 s) and routes by power of two choices, well before
-    the shard's 500 ms answer."""
+@pytest.mark.parametrize("agent", [False, True], ids=["shards", "node-view"])
+def test_the_router_decides_in_bounded_time(slow_shard_services, tmp_path, agent) -> None:
+    """shards: the raykv router asks the real (slow) directory itself
+    (``directory_agent: false``): it gives up at its ``lookup_timeout_s`` (0.2 s)
+    and routes by power of two choices, well before the shard's 500 ms answer.
+    node-view: it reads the node's view and asks nothing in the decision: it
+    decides at once, without falling back, and sends the keys it did not know to
+    the agent without waiting for them."""
     pytest.importorskip("vllm")
     import asyncio
+    import dataclasses
 
     from raykv.core.identity import KVIdentity
+    from raykv.services.cluster import RaykvServices
     from tests.raykv.serve.test_router_hooks import FakeReplica, _probed, _request, _router
 
     services = slow_shard_services
+    if not agent:
+        config = dataclasses.replace(services.config, directory_agent=False)
+        services = RaykvServices(config, services.control, services.directory.shards)
     tag_hex, block = "ab" * 8, 4
     ray.get(
         services.control.register_identity.remote(tag_hex, KVIdentity(model="tiny", layout={"tokens_per_hash": block}))
     )
 
-    async def main() -> tuple[float, list[list[FakeReplica]], int]:
+    async def main() -> tuple[float, list[list[FakeReplica]], int, int]:
         a, b, c = FakeReplica("a", "n1"), FakeReplica("b", "n2"), FakeReplica("c", "n3")
         router = _router(tmp_path, [a, b, c])
         await _probed(router, [a, b, c])
-        router._services = services
+        router._book.services = services
         # The router's one-off set-up (vLLM's hashing, the identities) is done first.
         await router.choose_replicas([a, b, c], _request(list(range(16 * block, 32 * block))))
-        fallbacks = router.fallbacks
+        fallbacks, asked = router.fallbacks, router._asked_unknown
         t0 = time.monotonic()
         chosen = await router.choose_replicas([a, b, c], _request(list(range(16 * block))))
-        return time.monotonic() - t0, chosen, router.fallbacks - fallbacks
+        return time.monotonic() - t0, chosen, router.fallbacks - fallbacks, router._asked_unknown - asked
 
-    seconds, chosen, fallbacks = asyncio.run(main())
-    assert fallbacks == 1 and len(chosen) == 1 and len(chosen[0]) == 2, chosen
-    # it did ask the directory (and gave up at 0.2 s), not fall back before asking
-    assert 0.19 <= seconds < 0.2 + STEP_SLACK_S * 2, f"the decision took {seconds * 1e3:.0f} ms"
+    seconds, chosen, fallbacks, asked = asyncio.run(main())
+    if not agent:
+        assert fallbacks == 1 and len(chosen) == 1 and len(chosen[0]) == 2, chosen
+        # it did ask the directory (and gave up at 0.2 s), not fall back before asking
+        assert 0.19 <= seconds < 0.2 + STEP_SLACK_S * 2, f"the decision took {seconds * 1e3:.0f} ms"
+    else:
+        assert fallbacks == 0 and len(chosen) >= 1, chosen
+        assert asked > 0  # its new keys went to the agent, not waited for
+        assert seconds < STEP_SLACK_S, f"the decision took {seconds * 1e3:.0f} ms"

@@ -153,6 +153,15 @@ class ObjectStoreActor(HolderActor):
         t0 = time.perf_counter()
         self.counters["store_calls"] += 1
         try:
+            return await self._store(region, keys, chunk_ids, tenant, t0)
+        finally:
+            # (visible state: no store in flight once it equals store_calls)
+            self.counters["stores_answered"] += 1
+
+    async def _store(
+        self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int], tenant: str, t0: float
+    ) -> StoreAnswer:
+        try:
             async with self._store_lock:
                 try:
                     array = self.regions.array(region)
@@ -181,7 +190,7 @@ class ObjectStoreActor(HolderActor):
         evicted, dropped = self.packs.make_room(plan)
         await _registered(dropped)
         del dropped  # our refs to the evicted packs go: plasma frees them
-        unregister = self._directory.unregister(self.info.holder_id, evicted) if evicted else []
+        unregister = self._writes.unregister(self.info.holder_id, evicted) if evicted else []
         self.counters["evicted_blocks"] += len(evicted)
         self.log.append(True, evicted)
         if not self.packs.has_room(plan):  # tenant quotas protect what is left
@@ -206,7 +215,7 @@ class ObjectStoreActor(HolderActor):
         self.log.append(False, plan.new_keys)
         # Awaited outside the lock (stores overlap); a later eviction of
         # these packs waits for it (``registering``).
-        register = asyncio.gather(*self._directory.register(self.info.holder_id, plan.new_keys))
+        register = asyncio.gather(*self._writes.register(self.info.holder_id, plan.new_keys))
         for pack in packs:
             pack.registering = register
         self.counters["stored_blocks"] += len(plan.new_keys)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 import ray
 from ray.actor import ActorClass, ActorHandle
 
-from raykv.core.node import process_node_id
+from raykv.core.node import process_node_id, ray_session
 from raykv.holders import engine_cache
 from raykv.integrations.vllm.plugin import OWNER_ENV
 
@@ -134,8 +134,11 @@ class EngineEventsBridge:
         removed: set[bytes] = set()
         cleared = False
         inflight: ray.ObjectRef[int] | None = None
+        session = ray_session()
         try:
             while not self._stop.is_set():
+                if ray_session() != session:  # Ray shut down in this process: nothing to send to
+                    return
                 if os.getppid() != self._parent:
                     # The replica that started this engine died and left it running:
                     # nobody can route to it any more, so its blocks leave the directory.

@@ -95,6 +95,19 @@ def raykv_llm(request, vllm_env, tiny_model, ray_for_vllm, tmp_path_factory) -> 
     services.shutdown()
 
 
+def _holds(kind: str, actor: Any, blocks: int) -> bool:
+    """The tier holds ``blocks`` blocks and has answered every store it was sent: an
+    object-store key is held before its directory registration, and the engine's
+    primary may evict a chunk only once the answer reached it (a primary still
+    waiting for answers refuses the next prompt's chunks: "cannot store chunks")."""
+    if len(ray.get(actor.keys.remote())) < blocks:
+        return False
+    if kind != "object_store":
+        return True  # the fs actor's keys are its committed files
+    counters = ray.get(actor.stats.remote()).figures["counters"]
+    return bool(counters["stores_answered"] == counters["store_calls"])
+
+
 def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
     kind, llm, actor = raykv_llm
     _generate(llm, make_prompt_tokens(PROMPT_LEN, 100))  # one-off kernel set-up
@@ -104,13 +117,11 @@ def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
     # Each prompt's 7 blocks reach the tier (their cascade done, so the primary may
     # evict them) before the next prompt needs room: else the primary keeps chunks
     # of prompt 0 that were still pinned and evicts others (seen on vLLM 0.29).
-    wait_until(
-        lambda: len(ray.get(actor.keys.remote())) >= 2 * 7, timeout_s=20.0, what=f"the {kind} tier to hold 2 prompts"
-    )
+    wait_until(lambda: _holds(kind, actor, 2 * 7), timeout_s=20.0, what=f"the {kind} tier to hold 2 prompts")
     for seed in (1, 2, 3):  # evict prompt 0 from the engine cache and the primary
         _generate(llm, make_prompt_tokens(PROMPT_LEN, seed))
         wait_until(
-            lambda n=2 + seed: len(ray.get(actor.keys.remote())) >= n * 7,
+            lambda n=2 + seed: _holds(kind, actor, n * 7),
             timeout_s=20.0,
             what=f"the {kind} tier to hold {2 + seed} prompts",
         )

@@ -19,7 +19,7 @@ def test_defaults_roundtrip():
 @pytest.mark.parametrize(
     "raw, field, words",
     [
-        ({"shards": 2}, "shards", "allowed keys: directory_shards"),
+        ({"shards": 2}, "shards", "did you mean 'directory_shards'? allowed keys: agent_"),
         ({"directory_shards": 0}, "directory_shards", ">= 1"),
         ({"directory_shards": "2"}, "directory_shards", "must be int"),
         ({"directory_shards": True}, "directory_shards", "must be int"),

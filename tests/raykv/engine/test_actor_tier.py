@@ -77,7 +77,7 @@ def test_wait_budget_follows_the_directory_round_trip(tier_and_services):
     """Waiting pays only while round trips fit in the wait; a slow directory is
     probed once a second, so a recovered one is waited for again."""
     _, services = tier_and_services
-    cache = services.lookup_cache
+    cache = services.lookup_cache.round_trips
     cache.rtt_s = None
     assert cache.wait_budget(0.005) == 0.005  # nothing known yet: wait
     assert cache.wait_budget(0.0) == 0.0

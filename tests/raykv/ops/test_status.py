@@ -136,6 +136,12 @@ def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> Non
         assert rate["hits"] == totals[tier]["raykv_lookup_hits"]
         assert 0 < rate["hit_rate"] < 1
     assert os_tier["engine_lookups"]["lookups"] == totals["object_store"]["raykv_lookups"]
+    # the node's directory agent: the tiers' lookups and registrations went through it
+    (agent,) = status["agents"]
+    assert agent["node_id"] == node and agent["alive"] and agent["window_ms"] == 2.0
+    assert agent["local_keys"] == placed["object_store"]  # the node's object store; the fs root is no node's
+    assert agent["view_keys"] >= agent["local_keys"] and agent["view_bytes"] > 0
+    assert agent["engine_calls"] > 0 and agent["shard_calls"] > 0 and agent["resets"] == 0
     # the tiers here run under the default identity: all 16 blocks are its, per tier
     (ident,) = status["identities"]
     assert ident["model"] == "default" and ident["blocks"] == 16
@@ -162,5 +168,7 @@ def test_status_table(filled) -> None:
     assert "unlimited" in fs_row and " 6 " in fs_row
     assert "directory: 3 shard(s), 16 keys" in table
     assert "raykv-directory-2" in table
+    agent_row = next(line for line in table.splitlines() if line.startswith(node[:22]))
+    assert agent_row.split()[1] == "yes" and "2.0ms" in agent_row
     ident_row = next(line for line in table.splitlines() if line.startswith(status["identities"][0]["tag"]))
     assert " 16 " in ident_row and "default" in ident_row and "object_store 10" in ident_row

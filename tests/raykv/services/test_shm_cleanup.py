@@ -79,3 +79,31 @@ def test_raykv_stop_removes_leftover_segments(ray_local, holder, capsys) -> None
     finally:
         for p in (orphan, live):
             p.unlink(missing_ok=True)
+
+
+def test_a_crashed_agents_view_files_are_leftovers_too(tmp_path, holder) -> None:
+    """A node agent's view (header and table generation) outlives an agent that
+    crashed: removed once nobody maps it; a live engine's mapping keeps it."""
+    made = subprocess.run(  # an agent that wrote its view and died
+        [
+            sys.executable,
+            "-c",
+            "import sys; from raykv.directory.shm_view import ViewWriter, view_path; "
+            "w = ViewWriter(view_path('raykv-test', 'node-x', sys.argv[1])); w.allocate(128); "
+            "print(w.path, w.generation)",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path, generation = made.stdout.split()
+    header, table = Path(path), Path(f"{path}.{generation}")
+    assert header.exists() and table.exists()
+    reader = holder(table)  # an engine still maps the table
+    assert stale_segments(str(tmp_path)) == [str(header)]
+    reader.stdin.close()
+    reader.wait(10)
+    assert sorted(stale_segments(str(tmp_path))) == sorted([str(header), str(table)])
+    remove_stale_segments(str(tmp_path))
+    assert not header.exists() and not table.exists()

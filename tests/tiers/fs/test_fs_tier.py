@@ -20,6 +20,7 @@ from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 from tiers.fs import format as fmt
 from tiers.fs.actor import holder_info
 
@@ -480,8 +481,12 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         while not tier.holder_alive:  # the tier follows the restart
             assert time.monotonic() - t0 < 30
             time.sleep(0.05)
-        raykv_services.lookup_cache.invalidate(scoped_keys(keys))
-        assert tier.lookup_blocking(keys) == [LookupResult.HIT] * 6
+
+        def all_hit() -> bool:  # a lookup slower than the cache's max wait (a loaded host) is a MISS: ask again
+            raykv_services.lookup_cache.invalidate(scoped_keys(keys))
+            return tier.lookup_blocking(keys) == [LookupResult.HIT] * 6
+
+        wait_until(all_hit, timeout_s=30, what="the restarted root's blocks to be found (HIT)")
         more = _keys(2)
         assert TierDriver(tier).store(more, [0, 1]).success
         assert ray.get(tier.actor.stats.remote()).figures["files"] == 8

@@ -17,6 +17,7 @@ from raykv.core.keys import prefix_keys
 from raykv.core.units import fmt_bytes
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 from tiers.object_store import ObjectStoreTier
 
 MiB = 1 << 20
@@ -126,6 +127,9 @@ def test_lru_eviction_keeps_bytes_within_capacity(fresh_raykv, regions):
     assert tier.stats().figures["bytes_used"] == 4 * block
     tier.touch(job1, ReqContext("r"))  # job2's pack is now the least recently used
     tier.on_schedule_end()
+    # the touch is sent without waiting and the store comes from another thread:
+    # Ray orders neither against the other, so let the touch land first
+    wait_until(lambda: tier.stats().figures["counters"].get("touches", 0) >= 1, timeout_s=10, what="touch applied")
     assert drv.store(job3, [4, 5]).success
     stats = tier.stats().figures
     assert stats["bytes_used"] <= stats["capacity_bytes"] == 4 * block

@@ -1,0 +1,347 @@
+"""A node's directory view in shared memory: written by its agent, read by its engines.
+
+Files in ``/dev/shm`` (Linux's tmpfs), per namespace and node:
+
+- ``raykv_view_<digest>``: a header (9 little-endian uint64: magic, seqlock
+  sequence, table generation, buckets, decode-table version, decode-table
+  length, writer pid, the writer's last heartbeat in ns since the epoch, and 1
+  when the view is complete: a key it does not list is held by nobody) and, after
+  ``HEADER_BYTES``, the decode table: a pickle of (slot -> ``HolderInfo``,
+  per set id its slots);
+- ``raykv_view_<digest>.<generation>``: the ``FingerprintTable``'s arrays
+  (fingerprints, then values). A table that grows gets a new generation; the
+  old file is unlinked at once (readers that mapped it keep a valid copy until
+  they see the new generation).
+
+Readers take no lock. The writer makes the sequence odd before a change and
+even after it; a reader that saw an odd sequence, or a different one after
+reading, reads again (a seqlock), and after a few tries asks the agent
+instead. This relies on stores becoming visible in program order (x86's TSO;
+checked on x86-64 only). A torn read can at worst name a holder that does not
+hold the key: holders look blocks up by the whole key, so that load fails and
+vLLM recomputes; it never serves other bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+
+from raykv.core.wire import HolderInfo
+from raykv.directory.fingerprint import fingerprint, fingerprints
+from raykv.directory.fptable import BUCKET, FingerprintTable
+
+SHM_DIR = "/dev/shm"
+PREFIX = "raykv_view_"
+MAGIC = 0x5241594B56564945  # "RAYKVVIE"
+HEADER_BYTES = 4096
+#: Room for the decode table (holders and sets: a few KiB on real clusters).
+DECODE_BYTES = 8 << 20
+_MAGIC, _SEQ, _GEN, _BUCKETS, _VERSION, _LENGTH, _PID, _ALIVE_NS, _COMPLETE = range(9)
+#: A view whose writer has not beaten for this long is not read (its agent is gone).
+STALE_NS = 5_000_000_000
+#: How often a reader without a view looks for one (an open() that fails).
+ATTACH_EVERY_S = 0.2
+#: Most keys whose fingerprints a reader remembers (an engine looks the same prefixes
+#: up step after step; hashing them again cost more than the read itself).
+FP_CACHE_KEYS = 262_144
+#: Reads tried before a reader gives up on this round (the writer is mid-change).
+READ_TRIES = 4
+
+
+def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
+    """The header file of ``node_id``'s view in ``namespace``."""
+    digest = hashlib.sha256(f"{namespace}\0{node_id}".encode()).hexdigest()[:16]
+    return os.path.join(shm_dir, PREFIX + digest)
+
+
+def _map(path: str, size: int, create: bool) -> mmap.mmap:
+    flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC if create else os.O_RDONLY
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if create else 0))
+    finally:
+        os.close(fd)
+
+
+def _table_arrays(mm: mmap.mmap, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+    n = buckets * BUCKET
+    fps = np.frombuffer(mm, dtype=np.uint64, count=n).reshape(buckets, BUCKET)
+    vals = np.frombuffer(mm, dtype=np.uint32, count=n, offset=n * 8).reshape(buckets, BUCKET)
+    return fps, vals
+
+
+class ViewWriter:
+    """The agent's side: owns the files; ``allocate`` and ``changing`` plug into ``NodeView``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._header = _map(path, HEADER_BYTES + DECODE_BYTES, create=True)
+        self._hdr = np.frombuffer(self._header, dtype=np.uint64, count=9)
+        self._hdr[_PID] = os.getpid()
+        self._hdr[_MAGIC] = MAGIC
+        self._table: mmap.mmap | None = None
+        self._depth = 0
+        #: Unique across the agent's lives: a reader never takes a new life's table for its old one.
+        self.generation = int.from_bytes(os.urandom(4), "little") << 24
+        self._remove_old_tables()
+        #: Called as the outermost change ends, before readers may read (publish the decode table).
+        self.before_end: Callable[[], None] | None = None
+        self.beat()
+        self.decode_version = -1
+        #: What the header says of the decode table: unique across lives (a reader
+        #: must never decode a new life's set ids with an old life's table).
+        self._decode_stamp = int.from_bytes(os.urandom(6), "little") << 16
+        self.decode_too_big = False
+
+    def allocate(self, buckets: int) -> tuple[np.ndarray, np.ndarray]:
+        """A new generation's zeroed arrays (``FingerprintTable``'s allocator)."""
+        self.generation += 1
+        path = f"{self.path}.{self.generation}"
+        mm = _map(path, buckets * BUCKET * 12, create=True)
+        self._unlink(f"{self.path}.{self.generation - 1}")
+        self._table = mm  # the arrays below keep the old map alive while they live
+        with self.changing():
+            self._hdr[_BUCKETS] = buckets
+            self._hdr[_GEN] = self.generation
+        return _table_arrays(mm, buckets)
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Bracket a change (nestable): readers retry while it lasts."""
+        self._depth += 1
+        if self._depth == 1:
+            self._hdr[_SEQ] += 1
+        try:
+            yield
+        finally:
+            if self._depth == 1 and self.before_end is not None:
+                self.before_end()
+            self._depth -= 1
+            if self._depth == 0:
+                self._hdr[_SEQ] += 1
+
+    def set_complete(self, complete: bool) -> None:
+        """Whether readers may take a key the view does not list as held by nobody."""
+        if bool(self._hdr[_COMPLETE]) != complete:
+            with self.changing():
+                self._hdr[_COMPLETE] = int(complete)
+
+    def beat(self) -> None:
+        """Tell readers the writer lives (the agent calls it at least every second)."""
+        self._hdr[_ALIVE_NS] = time.time_ns()
+
+    def _remove_old_tables(self) -> None:
+        """Tables an earlier life of the agent left (a crash unlinks nothing)."""
+        folder, name = os.path.split(self.path)
+        for entry in os.listdir(folder):
+            if entry.startswith(name + "."):
+                self._unlink(os.path.join(folder, entry))
+
+    def publish_decode(self, version: int, holders: dict[int, HolderInfo], sets: list[tuple[int, ...]]) -> None:
+        """Write the decode table when ``version`` changed (before any entry uses it)."""
+        if version == self.decode_version:
+            return
+        blob = pickle.dumps((holders, sets), protocol=pickle.HIGHEST_PROTOCOL)
+        if len(blob) > DECODE_BYTES:  # readers then fall back to asking the agent
+            self.decode_too_big = True
+            return
+        with self.changing():
+            self._header[HEADER_BYTES : HEADER_BYTES + len(blob)] = blob
+            self._hdr[_LENGTH] = len(blob)
+            self._decode_stamp += 1
+            self._hdr[_VERSION] = self._decode_stamp & 0xFFFF_FFFF_FFFF_FFFF
+        self.decode_version = version
+
+    @staticmethod
+    def _unlink(path: str) -> None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Remove the files (readers fall back to asking the agent)."""
+        self._unlink(f"{self.path}.{self.generation}")
+        self._unlink(self.path)
+
+
+class ViewReader:
+    """An engine's side: answers keys from the node's view, or says it cannot.
+
+    Every answer is the view at one instant; a key the view does not know (or
+    a read that kept colliding with the writer) answers None: ask the agent.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._header: mmap.mmap | None = None
+        self._hdr: memoryview | None = None
+        self._gen = 0
+        self._table: FingerprintTable | None = None
+        self._flat_fps: memoryview | None = None
+        self._flat_vals: memoryview | None = None
+        self._mask = 0
+        self._decode_version = -1
+        self._by_set: list[list[HolderInfo]] = []
+        self._next_try = 0.0
+        #: Whether the last read's view was complete (an unlisted key: held by nobody).
+        self._complete = False
+        self.reads = 0
+        self.retries = 0
+        self._fps: dict[bytes, int] = {}
+
+    def _attach(self) -> bool:
+        if self._hdr is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + ATTACH_EVERY_S  # no view (yet): look again soon
+        try:
+            mm = _map(self.path, HEADER_BYTES + DECODE_BYTES, create=False)
+        except (FileNotFoundError, ValueError, OSError):
+            return False
+        hdr = memoryview(mm).cast("B").cast("Q")
+        if hdr[_MAGIC] != MAGIC:
+            return False
+        self._header, self._hdr = mm, hdr
+        return True
+
+    def _remap(self, gen: int, buckets: int) -> bool:
+        try:
+            mm = _map(f"{self.path}.{gen}", buckets * BUCKET * 12, create=False)
+        except (FileNotFoundError, ValueError, OSError):
+            return False  # replaced again meanwhile: the next read finds the newer one
+        fps, vals = _table_arrays(mm, buckets)
+        self._table = FingerprintTable.over(fps, vals)
+        self._flat_fps = memoryview(mm).cast("B")[: buckets * BUCKET * 8].cast("Q")
+        self._flat_vals = memoryview(mm).cast("B")[buckets * BUCKET * 8 :].cast("I")
+        self._mask, self._gen = buckets - 1, gen
+        return True
+
+    def _decode(self, version: int) -> bool:
+        assert self._header is not None and self._hdr is not None
+        length = self._hdr[_LENGTH]
+        if not length:
+            return False
+        try:
+            holders, sets = pickle.loads(self._header[HEADER_BYTES : HEADER_BYTES + length])
+        except Exception:  # torn by a change: the sequence check sends us round again
+            return False
+        self._by_set = [[holders[s] for s in slots] for slots in sets]
+        self._decode_version = version
+        return True
+
+    def _begin(self) -> int | None:
+        """The sequence to check against, with table and decode table current (None: not now)."""
+        if not self._attach():
+            return None
+        hdr = self._hdr
+        assert hdr is not None
+        seq = hdr[_SEQ]
+        if seq & 1:
+            return None
+        if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:
+            return None
+        if hdr[_GEN] != self._gen and not self._remap(hdr[_GEN], hdr[_BUCKETS]):
+            return None
+        if hdr[_VERSION] != self._decode_version and not self._decode(hdr[_VERSION]):
+            return None
+        self._complete = bool(hdr[_COMPLETE])
+        return seq
+
+    def _holders(self, set_id: int) -> list[HolderInfo] | None:
+        return self._by_set[set_id] if set_id < len(self._by_set) else None
+
+    def _fingerprints(self, keys: Sequence[bytes]) -> np.ndarray:
+        """The keys' fingerprints, remembered (the cache is dropped whole when full)."""
+        cache = self._fps
+        got = [cache.get(k) for k in keys]
+        missing = [i for i, f in enumerate(got) if f is None]
+        if missing:
+            if len(cache) + len(missing) > FP_CACHE_KEYS:
+                cache.clear()
+            for i, f in zip(missing, fingerprints([keys[i] for i in missing]).tolist()):
+                got[i] = cache[keys[i]] = f
+        return np.array(got, dtype=np.uint64)
+
+    def get(self, key: bytes) -> list[HolderInfo] | None:
+        """One key's holders from the view (None: not known there)."""
+        fp = self._fps.get(key)
+        if fp is None:
+            fp = fingerprint(key)
+            if len(self._fps) >= FP_CACHE_KEYS:
+                self._fps.clear()
+            self._fps[key] = fp
+        for _ in range(READ_TRIES):
+            seq = self._begin()
+            if seq is None:
+                self.retries += 1
+                if self._hdr is None:
+                    return None
+                continue
+            fps, vals, mask = self._flat_fps, self._flat_vals, self._mask
+            assert fps is not None and vals is not None
+            value = -1
+            bucket = fp & mask
+            for _ in range(mask + 1):
+                base = bucket * BUCKET
+                row = fps[base : base + BUCKET]
+                for col in range(BUCKET):
+                    f = row[col]
+                    if f == fp:
+                        value = vals[base + col]
+                        break
+                    if f == 0:
+                        break
+                else:
+                    bucket = (bucket + 1) & mask
+                    continue
+                break
+            assert self._hdr is not None
+            if self._hdr[_SEQ] != seq:
+                self.retries += 1
+                continue
+            self.reads += 1
+            if value < 0:
+                return [] if self._complete else None
+            return self._holders(value)
+        return None
+
+    def lookup(self, keys: Sequence[bytes]) -> list[list[HolderInfo] | None]:
+        """Each key's holders from the view (None where not known there), in one read."""
+        if not keys:
+            return []
+        fps = self._fingerprints(keys)
+        for _ in range(READ_TRIES):
+            seq = self._begin()
+            if seq is None:
+                self.retries += 1
+                if self._hdr is None:
+                    break
+                continue
+            table = self._table
+            assert table is not None and self._hdr is not None
+            pos = table.find(fps)
+            ids = np.where(pos >= 0, table.values[pos], 0)
+            if self._hdr[_SEQ] != seq:
+                self.retries += 1
+                continue
+            self.reads += 1
+            absent: list[HolderInfo] | None = [] if self._complete else None
+            return [absent if p < 0 else self._holders(i) for p, i in zip(pos.tolist(), ids.tolist())]
+        return [None] * len(keys)
+
+    def alive_ns(self) -> int:
+        """The writer's last heartbeat (ns since the epoch; 0: no view)."""
+        return int(self._hdr[_ALIVE_NS]) if self._attach() and self._hdr is not None else 0

@@ -1,0 +1,182 @@
+"""A node's view in shared memory: the agent writes, engines read without a lock (no Ray)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from raykv.core.wire import HolderInfo
+from raykv.directory import shm_view
+from raykv.directory.fingerprint import fingerprints, to_blob
+from raykv.directory.shard import DirectoryShardImpl
+from raykv.directory.shm_view import ViewReader, ViewWriter, view_path
+from raykv.directory.view import NodeView
+
+LOCAL = HolderInfo("local", "object_store", "PLASMA", "a", "ns", node_id="node-a")
+REMOTE = HolderInfo("remote", "object_store", "PLASMA", "b", "ns", node_id="node-b")
+
+
+@pytest.fixture
+def shared(tmp_path):
+    writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
+    view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
+    writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
+    yield writer, view, ViewReader(writer.path)
+    writer.close()
+
+
+def _keys(n: int, salt: int = 0) -> list[bytes]:
+    return [os.urandom(36) + salt.to_bytes(8, "little") for _ in range(n)]
+
+
+def test_readers_see_what_the_agent_writes(shared):
+    writer, view, reader = shared
+    view.slot(0, LOCAL)
+    keys = _keys(40)
+    assert reader.lookup(keys) == [None] * 40  # nothing known yet: ask the agent
+    view.register(0, "local", to_blob(fingerprints(keys[:30])))
+    found = reader.lookup(keys)
+    assert found[:30] == [[LOCAL]] * 30 and found[30:] == [None] * 10
+    assert reader.get(keys[0]) == [LOCAL] and reader.get(keys[35]) is None
+
+
+def test_known_nobody_is_an_answer_and_changes_follow(shared):
+    _, view, reader = shared
+    shard = DirectoryShardImpl(0, 1)
+    shard.add_holder(REMOTE)
+    keys = _keys(10)
+    fps = fingerprints(keys)
+    shard.register("remote", to_blob(fps[:5]))
+    view.learn(0, fps, shard.lookup(to_blob(fps)))
+    assert [h for h in reader.lookup(keys)] == [[REMOTE]] * 5 + [[]] * 5
+    view.register(0, "remote", to_blob(fps[5:7]))  # the feed: a known key registered
+    view.unregister(0, "remote", to_blob(fps[:1]))
+    assert [len(h) for h in reader.lookup(keys)] == [0, 1, 1, 1, 1, 1, 1, 0, 0, 0]
+    view.drop_holder(0, "remote")
+    assert [len(h) for h in reader.lookup(keys)] == [0] * 10
+
+
+def test_a_growing_table_moves_to_a_new_file(shared, tmp_path):
+    writer, view, reader = shared
+    view.slot(0, LOCAL)
+    first = writer.generation
+    keys = _keys(5000)
+    view.register(0, "local", to_blob(fingerprints(keys)))
+    assert writer.generation > first
+    tables = [p for p in os.listdir(tmp_path) if "." in p]
+    assert tables == [os.path.basename(writer.path) + f".{writer.generation}"]  # old generations unlinked
+    assert all(h == [LOCAL] for h in reader.lookup(keys))
+
+
+def test_reads_never_see_a_half_made_change(shared):
+    """A writer moves keys between two holders, half by half but in one change;
+    every read a reader completes sees all keys at one holder."""
+    _, view, reader = shared
+    view.slot(0, LOCAL)
+    view.slot(0, REMOTE)
+    keys = _keys(64)
+    blob = to_blob(fingerprints(keys))
+    view.register(0, "local", blob)
+    stop = threading.Event()
+
+    halves = [to_blob(fingerprints(keys[:32])), to_blob(fingerprints(keys[32:]))]
+
+    def move(src: str, dst: str) -> None:
+        with view.change():  # one change, made of four writes
+            for half in halves:
+                view.register(0, dst, half)
+                view.unregister(0, src, half)
+
+    def flip() -> None:
+        while not stop.is_set():
+            move("local", "remote")
+            time.sleep(0)  # let a reader in between changes, too
+            move("remote", "local")
+            time.sleep(0)
+
+    t = threading.Thread(target=flip)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns mid-change, as processes would
+    t.start()
+    try:
+        seen = 0
+        for _ in range(2000):
+            found = reader.lookup(keys)
+            if found[0] is None:
+                continue  # collided with the writer every try: the engine would ask the agent
+            assert {tuple(h.holder_id for h in hs) for hs in found} in ({("local",)}, {("remote",)})
+            seen += 1
+        assert seen > 0
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(switch)
+
+
+def test_a_silent_writer_is_not_trusted(shared, monkeypatch):
+    _, view, reader = shared
+    view.slot(0, LOCAL)
+    keys = _keys(3)
+    view.register(0, "local", to_blob(fingerprints(keys)))
+    assert reader.get(keys[0]) == [LOCAL]
+    monkeypatch.setattr(shm_view, "STALE_NS", -1)  # as if its last heartbeat were long ago
+    assert reader.get(keys[0]) is None and reader.lookup(keys) == [None] * 3
+
+
+def test_no_view_means_ask(tmp_path):
+    reader = ViewReader(view_path("ns", "nowhere", str(tmp_path)))
+    assert reader.lookup(_keys(3)) == [None] * 3 and reader.get(b"x" * 40) is None
+
+
+def test_view_keeps_local_keys_when_full(tmp_path):
+    view = NodeView("node-a", max_keys=2000)
+    view.slot(0, LOCAL)
+    shard = DirectoryShardImpl(0, 1)
+    shard.add_holder(REMOTE)
+    local = fingerprints(_keys(1000))
+    view.register(0, "local", to_blob(local))
+    for _ in range(3):  # remote answers, 3x what still fits
+        fps = fingerprints(_keys(800))
+        shard.register("remote", to_blob(fps))
+        view.learn(0, fps, shard.lookup(to_blob(fps)))
+    assert view.resets >= 1 and view.live_keys() <= 2000
+    assert view.table.capacity <= 8192  # sized for what it keeps, not grown by each drop
+    known, ids = view.lookup(local)
+    assert known.all() and np.all(ids != 0)  # the node's own keys stayed
+    view.reset()
+    assert view.known_keys() == 0 and view.table.capacity == 1024  # the smallest table again
+
+
+def test_a_complete_view_answers_nobody_for_what_it_does_not_list(tmp_path):
+    writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
+    view = NodeView(
+        "node-a",
+        max_keys=3000,
+        allocate=writer.allocate,
+        changing=writer.changing,
+        all_keys=True,
+        on_complete=writer.set_complete,
+    )
+    writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
+    reader = ViewReader(writer.path)
+    try:
+        view.slot(0, REMOTE)
+        held, other = _keys(10), _keys(5)
+        view.register(0, "remote", to_blob(fingerprints(held)))  # another node's keys: taken, unasked
+        assert reader.lookup(held) == [[REMOTE]] * 10
+        assert reader.lookup(other) == [None] * 5  # not complete yet: unknown, ask
+        view.complete = True  # the agent read every holder of every shard
+        assert reader.lookup(other) == [[]] * 5 and reader.get(other[0]) == []  # nobody: no call needed
+        view.reset()  # a shard's feed had a gap
+        assert reader.lookup(held + other) == [None] * 15
+        view.complete = True
+        view.register(0, "remote", to_blob(fingerprints(_keys(4000))))  # the directory outgrew the view
+        assert not view.all_keys and not view.complete
+        assert reader.lookup(other) == [None] * 5
+    finally:
+        writer.close()
