@@ -1,7 +1,8 @@
 """``RaykvRequestRouter``: a Ray Serve request router that routes by raykv's directory.
 
-For each request it tokenizes the prompt once (the model's tokenizer; token-id
-prompts as they are), names the prompt's blocks as vLLM does, asks the
+For each request it tokenizes the prompt (the model's tokenizer; token-id
+prompts as they are; text after the longest recent prompt it extends only,
+``raykv.serve.prompt_keys``), names the prompt's blocks as vLLM does, asks the
 directory in one batched call which engines hold each leading block in their
 own KV cache and which raykv tiers hold it, and ranks the candidate replicas by
 the prefill they would save, weighed against their queues
@@ -38,12 +39,13 @@ from ray.serve.request_router import (
 )
 
 from raykv.core.validate import ArgumentError
-from raykv.integrations.vllm.hashing import block_hashes, prepare_hashing
+from raykv.integrations.vllm.hashing import prepare_hashing
 from raykv.metrics.catalog import record
+from raykv.serve.layout_book import LayoutBook
 from raykv.serve.load_book import InflightRequests, PredictedWork
+from raykv.serve.prompts import PromptTokenizer, prompt_of
 from raykv.serve.routing import (
     Candidate,
-    EngineLayout,
     Match,
     RankPolicy,
     match,
@@ -52,34 +54,15 @@ from raykv.serve.routing import (
 )
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
+    from raykv.core.wire import HolderInfo
+    from raykv.directory.client import AgentClient, DirectoryClient
     from raykv.services.cluster import RaykvServices
 
 logger = logging.getLogger(__name__)
 
-#: How often the router re-reads the engines' identities (new models, restarts).
-IDENTITY_REFRESH_S = 10.0
 #: How long a decision waits for the router's one-off set-up (vLLM's hashing, the
 #: tokenizer) before it falls back to power of two choices.
 PREPARE_TIMEOUT_S = 60.0
-
-#: A request's prompt as ``prompt_of`` finds it: a text, token ids, a batch of either,
-#: or ``{"messages": [...]}`` for a chat (whatever the request object holds).
-Prompt = object
-
-
-def prompt_of(pending_request: PendingRequest | None) -> tuple[Prompt | None, str | None]:
-    """(the request's prompt, chat messages or tokens; its ``cache_salt``), or (None, None)."""
-    if pending_request is None:
-        return None, None
-    for arg in list(pending_request.args or ()) + list((pending_request.kwargs or {}).values()):
-        for attr in ("prompt", "messages"):
-            value = arg.get(attr) if isinstance(arg, dict) else getattr(arg, attr, None)
-            if value is not None:
-                salt = arg.get("cache_salt") if isinstance(arg, dict) else getattr(arg, "cache_salt", None)
-                return (value if attr == "prompt" else {"messages": value}), salt
-    return None, None
 
 
 class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
@@ -115,16 +98,13 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 raise ArgumentError(name, f"must be a number >= 0, got {value!r}")
         if not isinstance(lookup_timeout_s, (int, float)) or not 0 < lookup_timeout_s <= 10:
             raise ArgumentError("lookup_timeout_s", f"must be in (0, 10] seconds, got {lookup_timeout_s!r}")
-        self._model = model
-        self._namespace = namespace
-        self._tokenizer_path = tokenizer or model
+        self._book = LayoutBook(model, namespace)
+        self._prompt_tokens = PromptTokenizer(tokenizer or model)
         self._policy = RankPolicy(float(load_weight), float(max_load_share), int(min_queue_gap))
         self._lookup_timeout_s = float(lookup_timeout_s)
+        #: Keys a decision found unknown to the node's view (asked of the agent, not waited for).
+        self._asked_unknown = 0
         self._hash_algo = hash_algo
-        self._services: RaykvServices | None = None
-        self._tokenizer: PreTrainedTokenizerBase | None = None
-        self._layouts: list[EngineLayout] = []
-        self._layouts_at = 0.0
         self._warned: dict[str, float] = {}
         # The metrics' "deployment" tag: the name of the deployment this router routes to,
         # read off its replicas' public ReplicaID.deployment_id at the first decision. Ray
@@ -137,7 +117,6 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._work: PredictedWork[ReplicaID] = PredictedWork()
         #: requests this router sent to each replica that have not ended
         self._inflight: InflightRequests[ReplicaID] = InflightRequests()
-        self._tokenizer_error: Exception | None = None
         # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
         # runs on a thread from the start, never on Serve's routing event loop.
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raykv-router-prepare")
@@ -148,7 +127,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         if candidate_replicas and not self._tags["deployment"]:
             self._tags = {"deployment": candidate_replicas[0].replica_id.deployment_id.name}
         ranks = None
@@ -165,6 +144,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             # again (as after its own routers' last locality tier), not a busy loop.
             pending_request.routing_context.should_backoff = True
         record("raykv_router_decision_seconds", time.perf_counter() - t0, self._tags)
+        # (a decision awaits nothing once the router is set up, so this is its own CPU time)
+        record("raykv_router_decision_cpu_seconds", time.thread_time() - cpu0, self._tags)
         return ranks
 
     def power_of_two(
@@ -215,16 +196,17 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             return None
         await self._wait_prepared()
         clock = _StageClock()
-        tokens = await self._tokens(prompt)
+        tokens = self._prompt_tokens.tokens(prompt)
         clock.lap("tokenize")
-        layouts = await self._engine_layouts()
+        layouts = await self._book.layouts()
         clock.lap("identities")
         if not tokens or not layouts:
             return None
         keys: list[bytes] = []
         spans = []
         for layout in layouts:
-            engine, tier = request_keys(block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo), layout)
+            hashes = self._prompt_tokens.block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo)
+            engine, tier = request_keys(hashes, layout)
             spans.append((layout, len(keys), len(engine), len(tier)))
             keys += engine + tier
         clock.lap("hash")
@@ -232,10 +214,10 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if not keys:  # shorter than a block: only load matters
             matches = {r: Match() for r in candidates}
         else:
-            services = self._services
+            services = self._book.services
             if services is None:  # (layouts come from the services: attached by now)
                 return None
-            found = await services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
+            found = await self._holders(services, keys)
             clock.lap("directory")
             views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
             matches = {}
@@ -260,6 +242,30 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             record("raykv_router_stage_seconds", seconds, {**self._tags, "stage": stage})
         return ranks
 
+    async def _holders(self, services: RaykvServices, keys: list[bytes]) -> list[list[HolderInfo]]:
+        """Each key's holders. With a node view (``directory_agent``) the decision reads
+        it and makes no call: keys it does not know count as held by nobody this time,
+        and are sent to the agent without waiting, so the view (kept current by the
+        shards' feeds) knows them for the next request with this prefix. Without one:
+        one call per shard, waited for up to the lookup timeout."""
+        cache = services.lookup_cache
+        view = cache.view
+        if view is None:
+            return await services.directory.lookup_async(keys).result_async(self._lookup_timeout_s)
+        known = view.lookup(keys)
+        unknown = [k for k, h in zip(keys, known) if h is None]
+        if unknown:
+            self._asked_unknown += len(unknown)
+            # sent once the decision is made (its answer lands in the view), not in it
+            asyncio.get_running_loop().call_soon(self._ask_agent, cache.client, unknown)
+        return [h if h is not None else [] for h in known]
+
+    def _ask_agent(self, client: AgentClient | DirectoryClient, keys: list[bytes]) -> None:
+        try:
+            client.lookup_async(keys)
+        except Exception as e:  # noqa: BLE001 - only the view's next answers miss them
+            self._warn("agent", f"raykv router: keys not sent to the directory agent: {e!r}")
+
     def queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
         """Each candidate's ongoing requests: what this router sent there and is not
         done (``on_request_routed`` .. ``on_request_completed``), or Serve's cached
@@ -278,53 +284,15 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     # -- what it needs once (or now and then) --------------------------------------
     def _prepare(self) -> None:
-        """Import vLLM's hashing and load the tokenizer (on the set-up thread). A
-        tokenizer that does not load only stops routing of text prompts."""
+        """Import vLLM's hashing and load the tokenizer (on the set-up thread)."""
         prepare_hashing(self._hash_algo)
-        try:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
-        except Exception as e:  # noqa: BLE001 - token-id prompts still route
-            self._tokenizer_error = e
+        self._prompt_tokens.load()
 
     async def _wait_prepared(self) -> None:
         """Until the set-up is done (shared by concurrent decisions; the event loop runs on)."""
         if not self._prepared.done():
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._prepared)), PREPARE_TIMEOUT_S)
         self._prepared.result()  # its error, if any: this decision falls back
-
-    async def _tokens(self, prompt: Prompt) -> list[int] | None:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-            prompt = prompt[0]  # a batch: route by its first prompt
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return prompt
-        if self._tokenizer is None:
-            raise RuntimeError(f"tokenizer {self._tokenizer_path!r} did not load: {self._tokenizer_error!r}")
-        if isinstance(prompt, str):
-            return list(self._tokenizer.encode(prompt))
-        if isinstance(prompt, dict):
-            messages = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in prompt["messages"]]
-            return list(self._tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-        return None
-
-    async def _engine_layouts(self) -> list[EngineLayout]:
-        """The KV identities engines of this model registered (tag, block size): refreshed now and then."""
-        now = time.monotonic()
-        if now - self._layouts_at < (IDENTITY_REFRESH_S if self._layouts else 1.0):
-            return self._layouts
-        self._layouts_at = now
-        if self._services is None:
-            from raykv.services.cluster import attach
-
-            self._services = await asyncio.to_thread(attach, self._namespace)
-        identities = await self._services.control.identities.remote()
-        self._layouts = [
-            EngineLayout.from_identity(tag, ident)
-            for tag, ident in sorted(identities.items())
-            if ident.model == self._model and ident.layout.get("rank", 0) in (0, "0")
-        ]
-        return self._layouts
 
     def _warn(self, kind: str, message: str) -> None:
         now = time.monotonic()

@@ -49,18 +49,29 @@ def _salt_extra_keys(cache_salt: str, block_tokens: int) -> tuple[object, ...] |
 
 
 def block_hashes(
-    tokens: Sequence[int], tokens_per_hash: int, cache_salt: str | None = None, algo: str = "sha256"
+    tokens: Sequence[int],
+    tokens_per_hash: int,
+    cache_salt: str | None = None,
+    algo: str = "sha256",
+    start: int = 0,
+    parent: bytes | None = None,
 ) -> list[bytes]:
-    """vLLM's hashes of the full blocks of ``tokens`` (its own functions, so they match the engine's)."""
+    """vLLM's hashes of the full blocks of ``tokens`` (its own functions, so they match the engine's).
+
+    ``start`` (a multiple of ``tokens_per_hash``) and ``parent`` (the hash of the
+    block before ``start``) continue a chain already hashed up to ``start``: the
+    result is then the hashes of the blocks from ``start`` on."""
     from vllm.v1.core import kv_cache_utils
 
+    if start % tokens_per_hash or (start > 0) != (parent is not None):
+        raise ValueError(f"start {start} must be a multiple of {tokens_per_hash}, with a parent hash exactly when > 0")
     hash_fn = _hash_fn(algo)
     out: list[bytes] = []
-    parent = None
-    for start in range(0, len(tokens) - tokens_per_hash + 1, tokens_per_hash):
-        extra = _salt_extra_keys(cache_salt, tokens_per_hash) if start == 0 and cache_salt else None
-        parent = kv_cache_utils.hash_block_tokens(hash_fn, parent, tokens[start : start + tokens_per_hash], extra)
-        out.append(bytes(parent))
+    chain = parent
+    for first in range(start, len(tokens) - tokens_per_hash + 1, tokens_per_hash):
+        extra = _salt_extra_keys(cache_salt, tokens_per_hash) if first == 0 and cache_salt else None
+        chain = kv_cache_utils.hash_block_tokens(hash_fn, chain, tokens[first : first + tokens_per_hash], extra)  # type: ignore[arg-type]  # vLLM's BlockHash is a NewType of bytes
+        out.append(bytes(chain))
     return out
 
 

@@ -106,3 +106,30 @@ def test_report_shows_oracle_shares_and_drops() -> None:
     assert "failed: TimeoutError" in text
     (hits,) = [t for t in result["targets"] if "oracle" in t["target"]]
     assert hits["value"] == pytest.approx(0.9) and hits["passed"] is True
+
+
+def test_decision_quantiles_come_from_the_histogram_buckets() -> None:
+    inf = float("inf")
+    before = routing.RouterTotals(1.0, 5, {}, {0.001: 1, 0.0025: 3, 0.005: 5, inf: 5})
+    after = routing.RouterTotals(2.0, 15, {}, {0.001: 3, 0.0025: 11, 0.005: 15, inf: 15})
+    # 10 new decisions: 2 at <= 1 ms, 6 in (1, 2.5] ms, 2 in (2.5, 5] ms
+    assert routing.decision_quantile_ms(before, after, 0.5) == pytest.approx(1.0 + 1.5 * 3 / 6)
+    assert routing.decision_quantile_ms(before, after, 0.99) == pytest.approx(2.5 + 2.5 * 1.9 / 2)
+    assert routing.decision_quantile_ms(after, after, 0.5) is None  # no decision in between
+
+
+def test_decision_cpu_is_per_decision_between_reads() -> None:
+    before = routing.RouterTotals(1.0, 5, {}, {}, cpu_seconds=0.004)
+    after = routing.RouterTotals(2.0, 15, {}, {}, cpu_seconds=0.009)
+    assert routing.decision_cpu_ms(before, after) == pytest.approx(0.5)
+    assert routing.decision_cpu_ms(after, after) is None
+
+
+def test_router_options_are_checked_numbers() -> None:
+    assert routing.router_options(["load_weight=0.25", "min_queue_gap=3"]) == {"load_weight": 0.25, "min_queue_gap": 3}
+    assert routing.router_options([]) == {}
+    for bad in (["load_weight"], ["no_such=1"], ["load_weight=much"]):
+        with pytest.raises(ValueError, match="--router-option"):
+            routing.router_options(bad)
+    args = _args("--router-option", "load_weight=0.1", "--router-option", "max_load_share=2")
+    assert routing.router_options(args.router_option) == {"load_weight": 0.1, "max_load_share": 2.0}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import itertools
+import types
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +239,8 @@ class FakeServices:
         self.control = type("Control", (), {"identities": _Remote(identities)})()
         self.holders = holders
         self.directory = self
+        # no node view (``directory_agent: false``): the router asks ``directory.lookup_async``
+        self.lookup_cache = types.SimpleNamespace(view=None)
 
     def lookup_async(self, keys: list[bytes]) -> _Lookup:
         return _Lookup([self.holders.get(k, []) for k in keys])
@@ -257,7 +260,7 @@ def test_ranks_by_the_engine_holding_the_prefix_and_skips_it_when_overloaded(tmp
         await _probed(router, [a, b, c])
         held_by_b = HolderInfo("engine:n2:b", "engine", ENGINE, "raykv-engine-b", "raykv", "n2", b.actor_id.hex())
         identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
-        router._services = FakeServices({tag.hex(): identity}, {k: [held_by_b] for k in engine_keys[:4]})
+        router._book.services = FakeServices({tag.hex(): identity}, {k: [held_by_b] for k in engine_keys[:4]})
         request = _request(tokens)
         ranks = await router.choose_replicas([a, b, c], request)
         assert ranks[0] == [b] and sorted(r.replica_id.unique_id for rank in ranks[1:] for r in rank) == ["a", "c"]
