@@ -32,7 +32,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: pytest's exit status, kept for ``pytest_unconfigure``.
+_session_status: int | None = None
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _session_status
+    _session_status = int(exitstatus)
     # Tests end their Ray without `raykv stop`: the node agents' /dev/shm views (and any
     # vLLM offload segment) that no process maps any more are this run's leftovers.
     try:
@@ -41,6 +47,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         remove_stale_segments()
     except Exception as e:  # cleanup only: never change the run's result
         print(f"raykv test cleanup of /dev/shm failed: {e!r}", file=sys.stderr)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process with pytest's status once everything is reported,
+    without running C++ static destructors.
+
+    Why (Ray 2.60, upstream): every ``ray.init()`` in a process adds one
+    OpenTelemetry metric reader thread to Ray's process-wide metric recorder, and
+    ``ray.shutdown()`` never stops it (``tests/test_ray_exit.py`` pins the leak).
+    Each leaked thread keeps exporting to its dead session's agent and logs the
+    failure. A run of ~45 module-scoped Ray sessions holds ~45 of them; when one
+    logs while ``exit()`` destroys the C++ statics, the process dies with SIGSEGV
+    in ``spdlog::details::registry::initialize_logger`` (core dump of a full
+    ``make test``: ``OpenTelemetryMetricExporter::Export -> RayLog::~RayLog``),
+    after every test passed. Nothing a test asserts runs after this point."""
+    if _session_status is None:
+        return
+    if ray.is_initialized():
+        ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_session_status)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
