@@ -69,15 +69,19 @@ def cluster(two_node_raykv, tiny_model, tmp_path_factory) -> dict[str, Any]:
 
 
 def _replica(node: str, model: str, cfg: dict[str, Any]) -> Any:
-    replica = start_replica(node, model, cfg, ENGINE)
-    ray.get(replica.ready.remote(), timeout=300)
-    return replica
+    return _replicas([(node, model)], cfg)[0]
+
+
+def _replicas(where: list[tuple[str, str]], cfg: dict[str, Any]) -> list[Any]:
+    """Replicas of (node, model), started together (an engine start is most of this module's time)."""
+    replicas = [start_replica(node, model, cfg, ENGINE) for node, model in where]
+    ray.get([r.ready.remote() for r in replicas], timeout=300)
+    return replicas
 
 
 def test_models_with_equal_shapes_never_share_blocks(cluster) -> None:
     nodes, cfg = cluster["nodes"], cluster["cfg"]
-    a1 = _replica(nodes[0], cluster["model_a"], cfg)
-    b1 = _replica(nodes[1], cluster["model_b"], cfg)
+    a1, b1 = _replicas([(nodes[0], cluster["model_a"]), (nodes[1], cluster["model_b"])], cfg)
     try:
         prompt = make_prompt_tokens(PROMPT_LEN, 11)
         on_a1 = ray.get(a1.generate.remote(prompt))
@@ -104,24 +108,21 @@ def test_models_with_equal_shapes_never_share_blocks(cluster) -> None:
         on_a1_other = ray.get(a1.generate.remote(other))
         assert on_a1_other.cached_tokens == 0, "model A was served model B's KV"
 
-        # Equal identity, other node: A's blocks are a hit, outputs equal A's recompute.
-        a2 = _replica(nodes[1], cluster["model_a"], cfg)
+        # Fresh replicas of each identity, each on the other node (both prompts are stored by now).
+        a2, b2 = _replicas([(nodes[1], cluster["model_a"]), (nodes[0], cluster["model_b"])], cfg)
         try:
+            # Equal identity, other node: A's blocks are a hit, outputs equal A's recompute.
             on_a2 = ray.get(a2.generate.remote(prompt))
             assert on_a2.cached_tokens == CACHEABLE
             assert on_a2.token_ids == on_a1.token_ids
             assert on_a2.top_logprobs == on_a1.top_logprobs
             # B's own prompt, from another replica of B's identity? B's blocks
             # stayed B's: a fresh B replica finds them.
-            b2 = _replica(nodes[0], cluster["model_b"], cfg)
-            try:
-                on_b2 = ray.get(b2.generate.remote(other))
-                assert on_b2.cached_tokens == CACHEABLE
-                assert on_b2.top_logprobs == on_b1_other.top_logprobs
-            finally:
-                ray.get(b2.shutdown.remote(), timeout=60)
+            on_b2 = ray.get(b2.generate.remote(other))
+            assert on_b2.cached_tokens == CACHEABLE
+            assert on_b2.top_logprobs == on_b1_other.top_logprobs
         finally:
-            ray.get(a2.shutdown.remote(), timeout=60)
+            ray.get([a2.shutdown.remote(), b2.shutdown.remote()], timeout=60)
     finally:
         ray.get([a1.shutdown.remote(), b1.shutdown.remote()], timeout=60)
 

@@ -1,6 +1,7 @@
 """Smoke tests of ``raykv bench``: the quick configurations run and report every key.
 
-Nothing here asserts a timing: the numbers depend on the machine.
+Nothing here asserts a timing: the numbers depend on the machine. Each whole
+bench run is marked ``e2e`` (``make test-e2e``, in CI; ``make test`` leaves them out).
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def test_registry_and_parser() -> None:
         build_parser().parse_args(["bench", "no-such-benchmark"])
 
 
+@pytest.mark.e2e
 def test_dataplane_quick_json(tmp_path) -> None:
     out = _bench("dataplane", "--quick", "--block-sizes", "64KiB,2MiB", "--root", str(tmp_path))
     assert out["benchmark"] == "dataplane"
@@ -92,6 +94,7 @@ def test_dataplane_quick_json(tmp_path) -> None:
         _check_verdict(t)
 
 
+@pytest.mark.e2e
 def test_directory_quick_json() -> None:
     out = _bench("directory", "--quick", "--keys", "5k", "--call-sizes", "100,1k", "--calls", "5")
     assert out["benchmark"] == "directory"
