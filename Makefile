@@ -50,7 +50,7 @@ demo: $(STAMP)
 # PYTHONFAULTHANDLER=1: a native crash prints every thread's Python stack.
 # The default run leaves out the Ray Serve LLM apps (tests marked `serve`, about
 # 10 minutes of replica start-ups on a 2-core machine) and the whole-product runs
-# (marked `e2e`: the demo and the benches' quick runs, about 6 minutes): `make test-serve`
+# (marked `e2e`: the demo and the benches' quick runs, about 5 minutes): `make test-serve`
 # and `make test-e2e` run them, and .ci/run runs all three.
 test: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e" $(PYTEST_ARGS)

@@ -6,8 +6,9 @@ module-scoped sessions then can die in ``exit()`` (see the hook's docstring).
 When this test fails, Ray stopped leaking those threads: try the suite without
 the hook's ``os._exit``.
 
-The crash itself, made certain (SIGSEGV within ~10 s of exit, 3 of 3 runs;
-with one session, or none, the process waits in ``pause()`` until killed)::
+The crash itself, made certain (SIGSEGV within ~10 s of exit: 1 of 1 runs with
+two sessions as below, 4 of 4 with three; with one session, or none, the process
+waits in ``pause()`` until killed)::
 
     import ctypes
     libc = ctypes.CDLL(None)
