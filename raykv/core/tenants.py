@@ -32,6 +32,14 @@ makes the tenants of one group share each other's blocks (and only theirs);
 ``{"public": ["*"]}`` makes every tenant not in another group share with
 everyone else and with requests that name no tenant (raykv's behaviour before
 tenants were isolated).
+
+The engine's own caches (its prefix cache and vLLM's CPU primary) key blocks
+by vLLM's hashes, which know a ``cache_salt`` but not raykv's label: on one
+replica, tenant B would hit tenant A's blocks there. So a labelled request's
+salt, as the engine hashes it, becomes ``engine_salt``: its tenant scope (and
+its own salt), set in the engine process before vLLM hashes the request
+(``raykv.integrations.vllm.compat.salt_tenant_requests``); the router hashes
+prompts with the same salt.
 """
 
 from __future__ import annotations
@@ -176,6 +184,22 @@ class TenantSharing:
 
 #: Every named tenant isolated (no ``shared_tenants``).
 ISOLATED = TenantSharing()
+
+#: How every ``cache_salt`` raykv derives starts (``engine_salt``).
+SALT_PREFIX = "raykv:"
+
+
+def engine_salt(salt: str | None, scope: bytes) -> str | None:
+    """The ``cache_salt`` the engine hashes a request's blocks with: for a
+    request in tenant scope ``scope`` (``TenantSharing.scope``), the scope and
+    the request's own ``salt``; otherwise ``salt``. A salt a client sent that
+    starts with ``SALT_PREFIX`` is escaped, so no client salt equals a
+    tenant's (the map is one-to-one)."""
+    if scope:
+        return f"{SALT_PREFIX}t:{scope.hex()}" + ("" if salt is None else f":{salt}")
+    if salt is not None and salt.startswith(SALT_PREFIX):
+        return f"{SALT_PREFIX}u:{salt}"
+    return salt
 
 
 def check_quotas(value: object) -> str | None:

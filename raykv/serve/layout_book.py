@@ -14,6 +14,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from raykv.core.tenants import ISOLATED, TenantSharing
 from raykv.serve.routing import EngineLayout
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ class LayoutBook:
         self.namespace = namespace
         #: raykv's services, attached at the first read (the router's directory reads use them).
         self.services: RaykvServices | None = None
+        #: Which tenants share blocks (the namespace's ``shared_tenants``), read with the services.
+        self.sharing: TenantSharing = ISOLATED
         self._layouts: list[EngineLayout] = []
         self._read_at = -1e9
         self._refresh: asyncio.Task[None] | None = None
@@ -57,6 +60,7 @@ class LayoutBook:
             from raykv.services.cluster import attach
 
             self.services = await asyncio.to_thread(attach, self.namespace)
+            self.sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
         identities = await self.services.control.identities.remote()
         self._layouts = [
             EngineLayout.from_identity(tag, ident)

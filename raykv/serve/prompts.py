@@ -1,17 +1,18 @@
 """A request's prompt for the router: where Serve's request object holds it, and its token ids.
 
-``prompt_of`` finds the prompt (text, token ids, a batch, or chat messages) and
-its ``cache_salt`` in a ``PendingRequest``; ``PromptTokenizer`` turns it into
+``prompt_of`` finds the prompt (text, token ids, a batch, or chat messages), its
+``cache_salt`` and its tenant label in a ``PendingRequest``; ``PromptTokenizer`` turns it into
 the token ids vLLM would hash, with the model's own tokenizer (loaded once, on
 the router's set-up thread, never on Serve's routing loop).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ray.serve.request_router import PendingRequest
 
+from raykv.core.validate import request_params, request_tenant_value
 from raykv.serve.prompt_keys import PromptKeyCache, PromptKeys
 
 if TYPE_CHECKING:
@@ -23,17 +24,37 @@ if TYPE_CHECKING:
 Prompt = object
 
 
-def prompt_of(pending_request: PendingRequest | None) -> tuple[Prompt | None, str | None]:
-    """(the request's prompt, chat messages or tokens; its ``cache_salt``), or (None, None)."""
+class RoutedPrompt(NamedTuple):
+    """What the router reads of a request: its prompt (text, token ids, a batch, or
+    ``{"messages": [...]}``), its ``cache_salt`` and its tenant label
+    (``kv_transfer_params['tenant']``); all None when it has no prompt."""
+
+    prompt: Prompt | None = None
+    salt: str | None = None
+    tenant: str | None = None
+
+
+def prompt_of(pending_request: PendingRequest | None) -> RoutedPrompt:
+    """The request's prompt, salt and tenant label (``RoutedPrompt``)."""
     if pending_request is None:
-        return None, None
+        return RoutedPrompt()
     for arg in list(pending_request.args or ()) + list((pending_request.kwargs or {}).values()):
         for attr in ("prompt", "messages"):
-            value = arg.get(attr) if isinstance(arg, dict) else getattr(arg, attr, None)
+            value = _field(arg, attr)
             if value is not None:
-                salt = arg.get("cache_salt") if isinstance(arg, dict) else getattr(arg, "cache_salt", None)
-                return (value if attr == "prompt" else {"messages": value}), salt
-    return None, None
+                params = request_params(_field(arg, "kv_transfer_params"))
+                tenant = request_tenant_value(params.get("tenant")) if params else None
+                salt = _field(arg, "cache_salt")
+                return RoutedPrompt(
+                    value if attr == "prompt" else {"messages": value},
+                    salt if isinstance(salt, str) else None,
+                    tenant or None,
+                )
+    return RoutedPrompt()
+
+
+def _field(arg: object, name: str) -> object:
+    return arg.get(name) if isinstance(arg, dict) else getattr(arg, name, None)
 
 
 class PromptTokenizer:

@@ -38,6 +38,7 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
+from raykv.core.tenants import engine_salt
 from raykv.core.validate import ArgumentError
 from raykv.integrations.vllm.hashing import prepare_hashing
 from raykv.metrics.catalog import record
@@ -191,7 +192,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> list[list[RunningReplica]] | None:
         if len(candidates) < 2:
             return None
-        prompt, salt = prompt_of(pending_request)
+        prompt, salt, tenant = prompt_of(pending_request)
         if prompt is None:
             return None
         await self._wait_prepared()
@@ -202,11 +203,15 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         clock.lap("identities")
         if not tokens or not layouts:
             return None
+        # The engine hashes a labelled tenant's prompt with a derived salt, and the
+        # tiers scope its keys (raykv.core.tenants): the same here, or nothing matches.
+        scope = self._book.sharing.scope_of_tenant(tenant)
+        salt = engine_salt(salt, scope)
         keys: list[bytes] = []
         spans = []
         for layout in layouts:
             hashes = self._prompt_tokens.block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo)
-            engine, tier = request_keys(hashes, layout)
+            engine, tier = request_keys(hashes, layout, scope)
             spans.append((layout, len(keys), len(engine), len(tier)))
             keys += engine + tier
         clock.lap("hash")

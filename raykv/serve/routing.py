@@ -23,6 +23,7 @@ from typing import Any
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import make_offload_key
 from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
+from raykv.core.tenants import tenant_key
 from raykv.holders.engine_cache import engine_key
 
 #: Share of a block's prefill a load from raykv saves, by where it comes from
@@ -49,11 +50,12 @@ class EngineLayout:
         return cls(bytes.fromhex(tag_hex), int(tokens), int(per_chunk))
 
 
-def request_keys(hashes: Sequence[bytes], layout: EngineLayout) -> tuple[list[bytes], list[bytes]]:
-    """(engine keys, one per block; tier keys, one per full chunk of ``blocks_per_chunk`` blocks)."""
+def request_keys(hashes: Sequence[bytes], layout: EngineLayout, scope: bytes = b"") -> tuple[list[bytes], list[bytes]]:
+    """(engine keys, one per block; tier keys, one per full chunk of ``blocks_per_chunk``
+    blocks, in tenant scope ``scope`` as the tiers store them: ``raykv.core.tenants``)."""
     engine = [engine_key(layout.tag, h) for h in hashes]
     bpc = layout.blocks_per_chunk
-    tier = [layout.tag + make_offload_key(hashes[i], 0) for i in range(bpc - 1, len(hashes), bpc)]
+    tier = [layout.tag + tenant_key(make_offload_key(hashes[i], 0), scope) for i in range(bpc - 1, len(hashes), bpc)]
     return engine, tier
 
 

@@ -19,13 +19,16 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import vllm
 from vllm.v1.kv_offload.base import OffloadingSpec, OffloadKey, OffloadPolicy, ReqContext
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from raykv.core.tenants import TenantSharing, engine_salt
+from raykv.core.validate import request_params, request_tenant_value
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # 0.32+
@@ -193,6 +196,52 @@ def carry_cache_salt() -> bool:
     vars(create_req_context)["_raykv_carries_salt"] = True
     vars(module)["_create_req_context"] = create_req_context
     return True
+
+
+#: The sharing rules ``salt_tenant_requests`` salts requests by (the last engine tier's).
+_salting: list[TenantSharing] = []
+
+
+def salt_tenant_requests(sharing: TenantSharing) -> bool:
+    """Make a tenant label scope the engine's own caches as a salt does.
+
+    vLLM hashes a request's blocks when it builds the ``Request`` in the engine
+    core (``Request.from_engine_core_request``, vLLM 0.29-0.33; no public hook),
+    with the request's ``cache_salt``; this wraps that classmethod, in this
+    (scheduler) process, to set the salt to ``raykv.core.tenants.engine_salt``
+    first. ``sharing`` is the namespace's ``shared_tenants``. Idempotent (a
+    later call replaces ``sharing``); False when this release has no such method."""
+    try:
+        from vllm.v1.request import Request
+    except ImportError:
+        return False
+    _salting[:] = [sharing]
+    build = Request.__dict__.get("from_engine_core_request")
+    if not isinstance(build, classmethod):
+        return False
+    if getattr(build.__func__, "_raykv_salts_tenants", False):
+        return True
+    original = build.__func__
+
+    @functools.wraps(original)
+    def from_engine_core_request(cls: type, request: Any, *args: Any, **kwargs: Any) -> Any:
+        label = _request_tenant(request)
+        salt = getattr(request, "cache_salt", None)
+        new = engine_salt(salt, _salting[0].scope_of_tenant(label)) if _salting else salt
+        if new != salt:
+            request.cache_salt = new
+        return original(cls, request, *args, **kwargs)
+
+    vars(from_engine_core_request)["_raykv_salts_tenants"] = True
+    Request.from_engine_core_request = classmethod(from_engine_core_request)  # type: ignore[method-assign,assignment]
+    return True
+
+
+def _request_tenant(request: object) -> str | None:
+    """The tenant label of an ``EngineCoreRequest`` (``kv_transfer_params['tenant']``), or None."""
+    extra = getattr(getattr(request, "sampling_params", None), "extra_args", None)
+    params = request_params(extra.get("kv_transfer_params")) if isinstance(extra, dict) else None
+    return (request_tenant_value(params.get("tenant")) or None) if params else None
 
 
 def request_salt(ctx: ReqContext) -> str | None:

@@ -207,6 +207,11 @@ class RaykvTier(SecondaryTierManager):
         self.raykv_tier: contract.SecondaryTier = TierFactory.create_tier(
             config, primary_kv_view, where=f"secondary_tiers[{tier_type}]", identity=self.identity
         )
+        if not compat.salt_tenant_requests(self.raykv_tier.tenant_sharing):
+            logger.warning(
+                "vLLM %s: a tenant label does not scope the engine's own prefix cache (use cache_salt)",
+                compat.version(),
+            )
         spec_config = getattr(offloading_spec, "config", None)
         if kv_events is None:
             kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))

@@ -5,9 +5,9 @@ the namespace's ``shared_tenants`` opts them in; a salted tenant's blocks are
 charged to it (vLLM 0.32 hands tiers no salt: ``compat.carry_cache_salt``).
 
 The engine's own cache and the CPU primary are too small for the workload,
-so a re-sent prompt can only come back from the raykv tier. (vLLM's own
-prefix cache does not know raykv's tenant label: on one engine a tenant
-label isolates raykv's tiers, a ``cache_salt`` also the engine's cache.)
+so a re-sent prompt, after others, can only come back from the raykv tier. A
+tenant label also salts the engine's own hashes, so tenants share nothing on
+one engine either (``raykv.core.tenants.engine_salt``).
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ def _generate(llm: Any, tokens: list[int], tenant: str | None = None, **prompt: 
     return out
 
 
+def _by_source(llm: Any) -> dict[str, float]:
+    """Prompt tokens vLLM counted as served, per cache source (``device``, ``host``, ``disk``)."""
+    return {m.labels["source"]: m.value for m in llm.get_metrics() if m.name == "vllm:prompt_tokens_cached_by_source"}
+
+
 def _from_disk(llm: Any) -> float:
     """Prompt tokens vLLM counted as served from its storage tiers (raykv's fs tier here)."""
-    return sum(
-        m.value
-        for m in llm.get_metrics()
-        if m.name == "vllm:prompt_tokens_cached_by_source" and m.labels.get("source") == "disk"
-    )
+    return _by_source(llm).get("disk", 0)
 
 
 @pytest.fixture(scope="module")
@@ -111,20 +112,41 @@ def test_tenants_share_no_block_unless_the_namespace_opts_in(engine) -> None:
     llm = engine["llm"]
     prompt = make_prompt_tokens(PROMPT_LEN, 0)
     assert _stored(engine, prompt, "tenant-a").num_cached_tokens == 0
+    # Right away, with tenant-a's blocks in the engine's cache and the CPU primary:
+    # the label salts the engine's hashes (compat.salt_tenant_requests), so no cache serves them.
+    # (tenant-f here: the blocks it computes go to raykv's tier, in its own scope)
+    sources = _by_source(llm)
+    other = _generate(llm, prompt, "tenant-f")
+    assert other.num_cached_tokens == 0 and _by_source(llm) == sources, (sources, _by_source(llm))
+    assert _generate(llm, prompt, "tenant-a").num_cached_tokens == CACHEABLE  # its own: from the engine
     _evict(engine)
-    before = _from_disk(llm)
-    other = _generate(llm, prompt, "tenant-b")  # the same prompt, another tenant: recomputed
-    assert other.num_cached_tokens == 0 and _from_disk(llm) == before
+    before, sources = _from_disk(llm), _by_source(llm)
+    other = _generate(llm, prompt, "tenant-b")  # only raykv's tier holds them now: recomputed still
+    assert other.num_cached_tokens == 0 and _from_disk(llm) == before, (sources, _by_source(llm))
     _evict(engine)
     again = _generate(llm, prompt, "tenant-a")  # tenant-a's own blocks come back from raykv
     assert again.num_cached_tokens == CACHEABLE and _from_disk(llm) - before == CACHEABLE
 
     shared = make_prompt_tokens(PROMPT_LEN, 1)
     assert _stored(engine, shared, "tenant-c").num_cached_tokens == 0
+    assert _generate(llm, shared, "tenant-d").num_cached_tokens == CACHEABLE  # opted in: the engine's cache too
     _evict(engine)
     before = _from_disk(llm)
     peer = _generate(llm, shared, "tenant-d")  # opted in with tenant-c: its blocks are served
     assert peer.num_cached_tokens == CACHEABLE and _from_disk(llm) - before == CACHEABLE
+
+
+def test_a_client_salt_cannot_name_a_tenant(engine) -> None:
+    """A client that sends, as its ``cache_salt``, the salt raykv gives tenant-a's
+    requests gets its own blocks, not tenant-a's (``raykv.core.tenants.engine_salt``)."""
+    from raykv.core.tenants import ISOLATED, engine_salt
+
+    llm = engine["llm"]
+    prompt = make_prompt_tokens(PROMPT_LEN, 4)
+    assert _stored(engine, prompt, "tenant-a").num_cached_tokens == 0
+    forged = engine_salt(None, ISOLATED.scope_of_tenant("tenant-a"))
+    assert _stored(engine, prompt, cache_salt=forged).num_cached_tokens == 0  # stored: the next test counts bytes
+    assert _generate(llm, prompt, "tenant-a").num_cached_tokens == CACHEABLE
 
 
 def test_salted_and_labelled_tenants_are_charged_their_bytes(engine) -> None:
@@ -132,5 +154,5 @@ def test_salted_and_labelled_tenants_are_charged_their_bytes(engine) -> None:
     _stored(engine, make_prompt_tokens(PROMPT_LEN, 2), cache_salt="salty")
     _stored(engine, make_prompt_tokens(PROMPT_LEN, 3), "tenant-e")
     held = ray.get(actor.stats.remote()).figures["tenant_bytes"]
-    assert held.get("salty", 0) >= 7 * CHUNK_BYTES, held  # not the default tenant's
+    assert held.get("salty", 0) >= 7 * CHUNK_BYTES, sorted(held.items())  # not the default tenant's
     assert held.get("tenant-e", 0) >= 7 * CHUNK_BYTES, held

@@ -10,7 +10,7 @@ import raykv
 from raykv.config.options import RaykvConfig
 from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.factory import TierFactory
-from raykv.core.tenants import TenantLRU, TenantSharing, tenant_key, tenant_label, tenant_of
+from raykv.core.tenants import SALT_PREFIX, TenantLRU, TenantSharing, engine_salt, tenant_key, tenant_label, tenant_of
 from raykv.core.validate import ConfigError
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
@@ -53,6 +53,21 @@ def test_tenant_scopes_keys_unless_shared() -> None:
     assert not groups.shares("x", "y")  # tenants in no group stay isolated
     public = TenantSharing({"team": ["a", "b"], "public": ["*"]})
     assert public.shares("x", "y") and public.shares("x", None) and not public.shares("a", "x")
+
+
+def test_engine_salt_scopes_labelled_tenants_and_no_client_salt_forges_one() -> None:
+    groups = TenantSharing({"team": ["a", "b"], "public": ["*"]})
+    a, b, x = (groups.scope_of_tenant(t) for t in ("a", "b", "x"))
+    c = TenantSharing().scope_of_tenant("c")
+    assert engine_salt(None, b"") is None and engine_salt("s", b"") == "s"  # no label: the request's own salt
+    assert engine_salt(None, a) == engine_salt(None, b) != engine_salt(None, TenantSharing().scope_of_tenant("a"))
+    assert engine_salt(None, x) is None and engine_salt("s", x) == "s"  # a '*' tenant shares with everyone
+    assert engine_salt("s", a) != engine_salt(None, a)  # the label and the salt both count
+    forged = engine_salt(None, c)
+    assert forged is not None and forged.startswith(SALT_PREFIX)
+    assert engine_salt(forged, b"") != forged  # a client sending a tenant's salt gets another one
+    salts = [engine_salt(s, sc) for s in (None, "s", forged, SALT_PREFIX, "raykv:t:") for sc in (b"", a, c)]
+    assert len(set(salts)) == len(salts)  # one to one
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
+from ray.serve.request_router import PendingRequest
+
+from raykv.core.contract import ReqContext
+from raykv.core.keys import make_offload_key
 from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
+from raykv.core.tenants import TenantSharing
 from raykv.holders.engine_cache import ENGINE_GROUP, engine_key
+from raykv.serve.prompts import RoutedPrompt, prompt_of
 from raykv.serve.routing import Candidate, EngineLayout, Match, RankPolicy, match, rank, request_keys
+from tiers.example.tier import ExampleTier
 
 TAG = bytes(range(8))
 
@@ -28,6 +36,26 @@ def test_engine_keys_are_their_own_family_and_match_vllm_int_hashes() -> None:
     assert engine == [engine_key(TAG, x) for x in (h, h[::-1], h)]
     assert tier == [TAG + h[::-1] + b"\0\0\0\0"]  # one full chunk of 2 blocks: its last block's hash
     assert not set(engine) & set(tier)
+
+
+def test_a_labelled_tenants_tier_keys_are_the_ones_its_tiers_store() -> None:
+    h = bytes(range(32))
+    sharing = TenantSharing({"team": ["a", "b"]})
+    request = PendingRequest(args=[{"prompt": [1, 2], "kv_transfer_params": {"tenant": "a"}}], kwargs={}, metadata=None)
+    routed = prompt_of(request)
+    assert routed == RoutedPrompt([1, 2], None, "a")
+    scope = sharing.scope_of_tenant(routed.tenant)
+    _, tier = request_keys([h], EngineLayout(TAG, 128, blocks_per_chunk=1), scope)
+
+    stored = ExampleTier(memoryview(np.zeros((1, 4096), np.uint8)), "example", ExampleTier.Options())
+    stored.key_tag, stored.tenant_sharing = TAG, sharing
+    ctx = ReqContext("r", kv_transfer_params={"tenant": "b"})  # b shares a's group
+    assert tier == [stored.scope(make_offload_key(h, 0), ctx)] != request_keys([h], EngineLayout(TAG, 128, 1))[1]
+    assert prompt_of(PendingRequest(args=[{"prompt": "x", "cache_salt": "s"}], kwargs={}, metadata=None)) == (
+        "x",
+        "s",
+        None,
+    )
 
 
 def test_match_counts_leading_engine_blocks_then_raykv_blocks_per_node() -> None:
