@@ -17,7 +17,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-serve test-e2e test-soak lint test-vllm-matrix install clean
+.PHONY: demo test test-vllm test-serve test-e2e test-soak lint test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -49,11 +49,17 @@ demo: $(STAMP)
 
 # PYTHONFAULTHANDLER=1: a native crash prints every thread's Python stack.
 # The default run leaves out the Ray Serve LLM apps (tests marked `serve`, about
-# 10 minutes of replica start-ups on a 2-core machine) and the whole-product runs
-# (marked `e2e`: the demo and the benches' quick runs, about 5 minutes): `make test-serve`
-# and `make test-e2e` run them, and .ci/run runs all three.
+# 10 minutes of replica start-ups on a 2-core machine), the whole-product runs
+# (marked `e2e`: the demo and the benches' quick runs, about 5 minutes) and the
+# real-engine tests beyond the wrong-bytes ones (marked `vllm_engine`: CPU offload,
+# cascade drops, KV events, step costs, AMX; about 7 minutes of engine start-ups;
+# model identity, tenants and the cross-node hit stay in): `make test-serve`,
+# `make test-e2e` and `make test-vllm` run them, and .ci/run runs them all.
 test: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e" $(PYTEST_ARGS)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e and not vllm_engine" $(PYTEST_ARGS)
+
+test-vllm: $(STAMP)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "vllm_engine and not serve and not e2e" $(PYTEST_ARGS)
 
 test-serve: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve

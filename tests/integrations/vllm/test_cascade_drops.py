@@ -21,7 +21,7 @@ from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from tests.waiting import WaitTimeout, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
 NAMESPACE = "raykv-vllm-drops-test"
 CHUNK_BYTES = 128 << 10  # one 128-token block of the tiny model

@@ -125,6 +125,7 @@ def test_raykv_config_becomes_adapter_entries() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_engine
 def test_engine_refuses_a_cpu_primary_below_one_block(vllm_env, tiny_model, capfd) -> None:
     """cpu_bytes of 4 KiB, below one 128 KiB block of the tiny model: a real engine does not
     start, and says which field and how much it needs. (vLLM raises "Engine core

@@ -15,7 +15,7 @@ import pytest
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import kv_transfer_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
 PROMPT_LEN = 1001  # 7 full 128-token blocks (896 tokens) are cacheable
 CACHEABLE = (PROMPT_LEN // 128) * 128

@@ -24,7 +24,7 @@ from raykv.integrations.vllm.hashing import block_hashes
 from raykv.serve.routing import EngineLayout, request_keys
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
 NAMESPACE = "raykv-kv-events-test"
 EVENTS = {"endpoint": "inproc://raykv-kv-events-test", "topic": "raykv"}

@@ -22,7 +22,7 @@ from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
 NAMESPACE = "raykv-vllm-test"
 PROMPT_LEN = 1001

@@ -20,7 +20,7 @@ import ray
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
 NAMESPACE = "raykv-step-cost-test"
 PROMPT_LEN = 1001
