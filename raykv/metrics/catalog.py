@@ -195,6 +195,13 @@ _SPECS = (
         ("deployment", "stage"),
     ),
     MetricSpec(
+        "raykv_router_fallbacks",
+        COUNTER,
+        "decisions the raykv request router left to Serve's power of two choices, by reason: error (e.g. "
+        "a directory read that failed or timed out) or unranked (no prompt, no engine layout known yet)",
+        ("deployment", "reason"),
+    ),
+    MetricSpec(
         "raykv_router_prompt_tokens",
         COUNTER,
         "prompt tokens of routed requests by where the chosen replica should find them (engine, raykv, recompute)",

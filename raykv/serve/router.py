@@ -132,12 +132,16 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if candidate_replicas and not self._tags["deployment"]:
             self._tags = {"deployment": candidate_replicas[0].replica_id.deployment_id.name}
         ranks = None
+        reason = "unranked"  # no prompt, no engine layout known yet, too few candidates
         try:
             ranks = await self._rank(candidate_replicas, pending_request)
         except Exception as e:  # noqa: BLE001 - routing falls back, never fails a request
+            reason = "error"
             self._warn(type(e).__name__, f"raykv router: falling back to power of two choices: {e!r}")
         if not ranks:
             self.fallbacks += 1
+            if len(candidate_replicas) > 1:  # (one candidate is no choice to fall back from)
+                record("raykv_router_fallbacks", 1, {**self._tags, "reason": reason})
             return self.power_of_two(candidate_replicas, pending_request)
         self.decisions += 1
         if pending_request is not None:

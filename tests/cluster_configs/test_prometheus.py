@@ -105,6 +105,7 @@ class Engine:
             record("raykv_router_stage_seconds", seconds / 4, {"deployment": "LLMServer:test", "stage": stage})
         for source, tokens in by_source.items():
             record("raykv_router_prompt_tokens", tokens, {"deployment": "LLMServer:test", "source": source})
+        record("raykv_router_fallbacks", 1, {"deployment": "LLMServer:test", "reason": "error"})
 
     def dropped(self, blocks: int) -> None:
         """What raykv's cascade-drop counter records for a request whose refused
