@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 from ray.serve.request_router import PendingRequest
 
@@ -38,24 +40,27 @@ def test_engine_keys_are_their_own_family_and_match_vllm_int_hashes() -> None:
     assert not set(engine) & set(tier)
 
 
+def _routed(**body: object) -> RoutedPrompt:
+    """What the router reads of a request with this body (Serve builds requests on its event loop)."""
+
+    async def read() -> RoutedPrompt:
+        return prompt_of(PendingRequest(args=[body], kwargs={}, metadata=None))
+
+    return asyncio.run(read())
+
+
 def test_a_labelled_tenants_tier_keys_are_the_ones_its_tiers_store() -> None:
     h = bytes(range(32))
     sharing = TenantSharing({"team": ["a", "b"]})
-    request = PendingRequest(args=[{"prompt": [1, 2], "kv_transfer_params": {"tenant": "a"}}], kwargs={}, metadata=None)
-    routed = prompt_of(request)
+    routed = _routed(prompt=[1, 2], kv_transfer_params={"tenant": "a"})
     assert routed == RoutedPrompt([1, 2], None, "a")
     scope = sharing.scope_of_tenant(routed.tenant)
     _, tier = request_keys([h], EngineLayout(TAG, 128, blocks_per_chunk=1), scope)
-
     stored = ExampleTier(memoryview(np.zeros((1, 4096), np.uint8)), "example", ExampleTier.Options())
     stored.key_tag, stored.tenant_sharing = TAG, sharing
     ctx = ReqContext("r", kv_transfer_params={"tenant": "b"})  # b shares a's group
     assert tier == [stored.scope(make_offload_key(h, 0), ctx)] != request_keys([h], EngineLayout(TAG, 128, 1))[1]
-    assert prompt_of(PendingRequest(args=[{"prompt": "x", "cache_salt": "s"}], kwargs={}, metadata=None)) == (
-        "x",
-        "s",
-        None,
-    )
+    assert _routed(prompt="x", cache_salt="s") == ("x", "s", None)
 
 
 def test_match_counts_leading_engine_blocks_then_raykv_blocks_per_node() -> None:
