@@ -28,7 +28,7 @@ from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from raykv.core.tenants import TenantSharing, engine_salt
-from raykv.core.validate import request_params, request_tenant_value
+from raykv.core.validate import request_params, request_tenant_value, warn_once
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # 0.32+
@@ -225,11 +225,16 @@ def salt_tenant_requests(sharing: TenantSharing) -> bool:
 
     @functools.wraps(original)
     def from_engine_core_request(cls: type, request: Any, *args: Any, **kwargs: Any) -> Any:
-        label = _request_tenant(request)
-        salt = getattr(request, "cache_salt", None)
-        new = engine_salt(salt, _salting[0].scope_of_tenant(label)) if _salting else salt
-        if new != salt:
-            request.cache_salt = new
+        try:
+            label = _request_tenant(request)
+            salt = getattr(request, "cache_salt", None)
+            new = engine_salt(salt, _salting[0].scope_of_tenant(label)) if _salting else salt
+            if new != salt:
+                request.cache_salt = new
+        except Exception as e:  # noqa: BLE001 - a cache never fails a request: it goes unsalted, said once
+            warn_once(
+                "salt_tenant_requests", f"raykv: a request's tenant salt not set ({e!r}); the engine hashes it as sent"
+            )
         return original(cls, request, *args, **kwargs)
 
     vars(from_engine_core_request)["_raykv_salts_tenants"] = True

@@ -88,6 +88,43 @@ def test_request_state_goes_through_vllms_public_api() -> None:
         assert got.req_id == "odd"
 
 
+def _core_request(tenant: str | None, salt: str | None = None) -> object:
+    """A vLLM ``EngineCoreRequest`` of this release (what the frontend sends the engine core)."""
+    from vllm import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    fields = EngineCoreRequest.__struct_fields__
+    required = fields[: len(fields) - len(EngineCoreRequest.__struct_defaults__)]
+    params = {"kv_transfer_params": {"tenant": tenant}} if tenant else None
+    given = {
+        "request_id": "r",
+        "prompt_token_ids": list(range(32)),
+        "arrival_time": 0.0,
+        "cache_salt": salt,
+        "sampling_params": SamplingParams(max_tokens=1, extra_args=params),
+    }
+    return EngineCoreRequest(
+        **{f: given.get(f) for f in required}, **{k: v for k, v in given.items() if k in fields and k not in required}
+    )
+
+
+def test_the_engine_hashes_a_labelled_tenant_with_its_salt() -> None:
+    """``compat.salt_tenant_requests`` on this release's ``Request``: the salt vLLM hashes."""
+    from vllm.v1.request import Request
+
+    from raykv.core.tenants import TenantSharing, engine_salt
+
+    sharing = TenantSharing({"team": ["a", "b"]})
+    assert compat.salt_tenant_requests(sharing)
+    salts = [Request.from_engine_core_request(_core_request(t, s), None).cache_salt for t, s in CASES]
+    want = [engine_salt(s, sharing.scope_of_tenant(t)) for t, s in CASES]
+    assert salts == want and salts[0] == salts[1] != salts[2] and salts[3] == "s" and salts[4] is None
+
+
+#: (tenant label, cache_salt): a and b share a group; c is alone; then no label.
+CASES = [("a", None), ("b", None), ("c", "s"), (None, "s"), (None, None)]
+
+
 def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:
     """vLLM's own TransferJob / JobResult / ReqContext through raykv's example tier."""
     with PrimaryRegion(8, 4096) as region:
