@@ -90,7 +90,10 @@ class DirectoryAgent:
         self.lookups = self.keys_asked = 0
         self.changes = 0  # holders' register / unregister calls taken
         self._window = AgentWindow()
-        self._flush: asyncio.TimerHandle | None = None
+        # The window's flush and when it runs (uvloop's call_at of a time already
+        # past returns a plain Handle, which has no ``when()``: kept here instead).
+        self._flush: asyncio.Handle | None = None
+        self._flush_at = 0.0
         #: Per shard, when the last feed page came or was asked for (loop time).
         self._paged_at = [0.0] * len(shards)
         self._last_close = 0.0  # when the last window was sent (loop time)
@@ -117,7 +120,7 @@ class DirectoryAgent:
             pos = state.positions[shard]
             quiet_until = self._paged_at[shard] + FEED_INTERVAL_S
             if pos.epoch and self._flush is not None and self._window.covers(shard):
-                quiet_until = max(quiet_until, self._flush.when())  # the window's call brings the page
+                quiet_until = max(quiet_until, self._flush_at)  # the window's call brings the page
             if pos.epoch and loop.time() < quiet_until:
                 await asyncio.sleep(quiet_until - loop.time() + 0.001)
                 continue
@@ -182,11 +185,12 @@ class DirectoryAgent:
         """The window collecting now, closing at most ``within_s`` from now."""
         loop = asyncio.get_running_loop()
         close_at = loop.time() + within_s
-        if self._flush is not None and self._flush.when() > close_at:
+        if self._flush is not None and self._flush_at > close_at:
             self._flush.cancel()
             self._flush = None
         if self._flush is None:
             self._flush = loop.call_at(close_at, self._close_window)
+            self._flush_at = close_at
         return self._window
 
     async def lookup(self, fps_blob: bytes, shards_blob: bytes) -> LookupReply:
