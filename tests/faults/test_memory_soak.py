@@ -44,7 +44,7 @@ MiB = 1 << 20
 MAX_GROWTH_MIB_PER_H = 64.0
 TENANTS = ("tenant-a", "tenant-b", None)
 #: Processes whose RSS is watched: raykv's actors by class (their process title).
-ACTOR_ROLES = ("ObjectStoreActor", "FsRootActor", "DirectoryShard", "ControlActor")
+ACTOR_ROLES = ("ObjectStoreActor", "FsRootActor", "DirectoryShard", "DirectoryAgent", "ControlActor")
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(4000)]
 

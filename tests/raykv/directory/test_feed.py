@@ -36,6 +36,19 @@ def test_a_reader_of_another_life_or_too_far_behind_gets_a_gap():
     assert not feed.page(feed.epoch, feed.first_seq - 1, []).gap
 
 
+def test_the_feed_keeps_only_its_last_minute():
+    """A steadily churning shard keeps a bounded tail by age, not every change up to
+    its key cap (the hour-long memory soak's shards grew 90 MiB/h before)."""
+    now = [1000.0]
+    feed = ChangeFeed(max_age_s=60.0, clock=lambda: now[0])
+    for i in range(600):  # ten minutes of one change a second
+        now[0] += 1.0
+        feed.append(FeedOp.REGISTER, "h1", to_blob(fingerprints([bytes([i % 256, i // 256]) * 20])))
+    assert feed.seq == 600 and 60 <= feed.seq - feed.first_seq + 1 <= 61
+    assert feed.page(feed.epoch, feed.seq - 30, []).entries  # a reader 30 s behind follows
+    assert feed.page(feed.epoch, feed.seq - 300, []).gap  # one 5 minutes behind starts over
+
+
 def test_a_shard_feeds_every_change_it_makes():
     shard = DirectoryShardImpl(0, 1)
     shard.add_holder(HOLDER)
