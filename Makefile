@@ -52,7 +52,7 @@ demo: $(STAMP)
 # 10 minutes of replica start-ups on a 2-core machine), the whole-product runs
 # (marked `e2e`: the demo and the benches' quick runs, about 5 minutes) and the
 # real-engine tests beyond the wrong-bytes ones (marked `vllm_engine`: CPU offload,
-# cascade drops, KV events, step costs, AMX; about 7 minutes of engine start-ups;
+# cascade drops, KV events, step costs, AMX; about 5 minutes;
 # model identity, tenants and the cross-node hit stay in): `make test-serve`,
 # `make test-e2e` and `make test-vllm` run them, and .ci/run runs them all.
 test: $(STAMP)
