@@ -1,0 +1,51 @@
+"""``raykv bench overload --quick --json``: the whole bench, run for real (``make test-serve``;
+its pure parts are tested in ``tests/raykv/bench/test_overload_bench.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raykv.bench import overload
+from raykv.bench.overload import CAUSES
+
+
+@pytest.mark.serve
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_bench_overload_quick_json(vllm_env) -> None:
+    """``raykv bench overload --quick --json``: three Serve LLM apps (tiny model, two replicas on
+    two simulated nodes), each driven past its capacity; every key reported, no raykv-caused error."""
+    pytest.importorskip("ray.serve.llm")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "raykv.ops.cli", "bench", "overload", "--quick", "--json", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=2300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["benchmark"] == "overload" and out["model"] == "tiny" and out["replicas"] == 2
+    assert set(out["scenarios"]) == set(overload.SCENARIOS)
+    rate = None
+    for name, s in out["scenarios"].items():
+        assert "error" not in s, (name, s)
+        assert s["capacity_rps"] > 0 and s["sent"] > 0, name
+        rate = rate or s["rate_rps"]
+        assert s["rate_rps"] == rate, name  # every scenario gets the first one's offered rate
+        assert set(s["errors"]) == set(CAUSES), name
+        assert s["errors"]["raykv"] == 0, (name, s["error_samples"])
+        assert s["completed"] + sum(s["errors"].values()) == s["sent"], name
+        assert s["completed"] > 0 and s["ttft_p99_ms"] >= s["ttft_p50_ms"] > 0, name
+        assert len(s["per_second"]) >= math.ceil(out["duration_s"]), name
+        assert sum(r["completed"] for r in s["per_second"]) == s["completed"], name
+        assert set(s["raykv"]) == set(overload.empty_figures()), name
+    assert out["scenarios"]["dead_shard"]["fault_at_s"] is not None
+    assert [t["passed"] for t in out["targets"]] == [True, True, True], out["targets"]
