@@ -6,15 +6,11 @@ bench run is marked ``e2e`` (``make test-e2e``, in CI; ``make test`` leaves them
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from raykv import bench
 from raykv.ops.cli import build_parser
+from tests.benches import run_bench
 
 DATAPLANE_KEYS = (
     "memcpy_gbps",
@@ -44,20 +40,6 @@ def _check_verdict(t: dict) -> None:
         assert t["passed"] is ok, t
 
 
-def _bench(*args: str, timeout: float = 240) -> dict:
-    """Run ``raykv bench ...`` in a fresh process (it starts its own Ray)."""
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "raykv.ops.cli", "bench", *args, "--json", "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
 def test_registry_and_parser() -> None:
     names = bench.available()
     assert {"dataplane", "directory"} <= set(names)
@@ -69,7 +51,7 @@ def test_registry_and_parser() -> None:
 
 @pytest.mark.e2e
 def test_dataplane_quick_json(tmp_path) -> None:
-    out = _bench("dataplane", "--quick", "--block-sizes", "64KiB,2MiB", "--root", str(tmp_path))
+    out = run_bench("dataplane", "--quick", "--block-sizes", "64KiB,2MiB", "--root", str(tmp_path))
     assert out["benchmark"] == "dataplane"
     assert set(out["block_sizes"]) == {"64KiB", "2MiB"}
     for label, d in out["block_sizes"].items():
@@ -96,7 +78,7 @@ def test_dataplane_quick_json(tmp_path) -> None:
 
 @pytest.mark.e2e
 def test_directory_quick_json() -> None:
-    out = _bench("directory", "--quick", "--keys", "5k", "--call-sizes", "100,1k", "--calls", "5")
+    out = run_bench("directory", "--quick", "--keys", "5k", "--call-sizes", "100,1k", "--calls", "5")
     assert out["benchmark"] == "directory"
     assert set(out["configs"]) == {"shards=1,keys=5000", "shards=2,keys=5000"}
     for name, c in out["configs"].items():
@@ -133,7 +115,7 @@ def test_directory_quick_json() -> None:
 @pytest.mark.e2e
 def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     """``bench e2e`` measures the engine's own cache as the floor and reports raykv against it."""
-    out = _bench("e2e", "--quick", "--tiny", "--configs", "engine_hit,no_offload,raykv", timeout=900)
+    out = run_bench("e2e", "--quick", "--tiny", "--configs", "engine_hit,no_offload,raykv", timeout=900)
     cfg = out["configs"]
     assert {"engine_hit", "no_offload", "raykv"} == set(cfg)
     # the floor: every request finds its whole cacheable prefix in the serving engine's own cache

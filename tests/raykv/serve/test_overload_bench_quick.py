@@ -3,16 +3,13 @@ its pure parts are tested in ``tests/raykv/bench/test_overload_bench.py``)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from raykv.bench import overload
 from raykv.bench.overload import CAUSES
+from tests.benches import run_bench
 
 
 @pytest.mark.serve
@@ -22,16 +19,7 @@ def test_bench_overload_quick_json(vllm_env) -> None:
     """``raykv bench overload --quick --json``: three Serve LLM apps (tiny model, two replicas on
     two simulated nodes), each driven past its capacity; every key reported, no raykv-caused error."""
     pytest.importorskip("ray.serve.llm")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "raykv.ops.cli", "bench", "overload", "--quick", "--json", "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=2300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = run_bench("overload", "--quick", timeout=2300)
     assert out["benchmark"] == "overload" and out["model"] == "tiny" and out["replicas"] == 2
     assert set(out["scenarios"]) == set(overload.SCENARIOS)
     rate = None

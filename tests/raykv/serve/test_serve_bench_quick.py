@@ -4,14 +4,10 @@ reported and every target's verdict agrees with its value. No timing is asserted
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 from raykv.bench.serve import CONFIGS
+from tests.benches import run_bench
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -61,16 +57,7 @@ TOP_KEYS = (
 @pytest.mark.timeout(2400)
 def test_bench_serve_quick_json(vllm_env) -> None:
     pytest.importorskip("ray.serve.llm")
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "raykv.ops.cli", "bench", "serve", "--quick", "--json", "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=2300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = run_bench("serve", "--quick", timeout=2300)
     assert [k for k in TOP_KEYS if k not in out] == []
     assert out["benchmark"] == "serve" and out["model"] == "tiny" and out["replicas"] == 2
     assert out["oracle_hit_tokens"] > 0
