@@ -53,6 +53,16 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
+def names_option(option: str, value: str, allowed: Sequence[str], allow_empty: bool = False) -> list[str]:
+    """A comma-separated option's names (``--configs a,b``); ``ValueError`` names the
+    option and the allowed names for an unknown one (or for none, unless ``allow_empty``)."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = set(names) - set(allowed)
+    if unknown or not (names or allow_empty):
+        raise ValueError(f"{option}: unknown {sorted(unknown)}; allowed: {', '.join(allowed)}")
+    return names
+
+
 def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> Report:
     """One target line: ``passed`` is None when the value could not be measured."""
     if value is None or value != value:

@@ -43,6 +43,7 @@ from ray.actor import ActorHandle
 from raykv.bench.common import (
     as_json,
     machine,
+    names_option,
     num,
     number,
     percentile,
@@ -148,10 +149,7 @@ def run(args: argparse.Namespace) -> Report:
     require_vllm()
     if args.quick:
         args.replicas, args.sessions, args.turns = 2, 3, 2
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = set(configs) - set(CONFIGS)
-    if unknown:
-        raise ValueError(f"--configs: unknown {sorted(unknown)}; allowed: {', '.join(CONFIGS)}")
+    configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
     tiny = getattr(args, "tiny", False)
     model = args.model or (build_tiny_model() if tiny else build_bench_model())
     model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)

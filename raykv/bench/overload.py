@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, final
 
-from raykv.bench.common import Failed, machine, percentile, table, target, targets_table
+from raykv.bench.common import Failed, machine, names_option, percentile, table, target, targets_table
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -469,11 +469,7 @@ class Setup:
 
 
 def _scenarios(args: argparse.Namespace) -> list[str]:
-    names = [s.strip() for s in args.scenarios.split(",") if s.strip()]
-    unknown = set(names) - set(SCENARIOS)
-    if unknown or not names:
-        raise ValueError(f"--scenarios: unknown {sorted(unknown)}; allowed: {', '.join(SCENARIOS)}")
-    return names
+    return names_option("--scenarios", args.scenarios, list(SCENARIOS))
 
 
 def _check(args: argparse.Namespace) -> None:

@@ -45,6 +45,7 @@ from raykv.bench.common import (
     as_json,
     decode,
     machine,
+    names_option,
     number,
     percentile,
     section,
@@ -278,10 +279,7 @@ def run(args: argparse.Namespace) -> RoutingResult:
         raise ValueError("--replicas: at least 2 (routing picks between replicas)")
     chunks = primary_chunks(args)
     options = router_options(args.router_option)
-    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
-    unknown = set(routers) - set(ROUTERS)
-    if unknown:
-        raise ValueError(f"--routers: unknown {sorted(unknown)}; allowed: {', '.join(ROUTERS)}")
+    routers = names_option("--routers", args.routers, ROUTERS, allow_empty=True)
     from transformers import AutoTokenizer
 
     model, model_name = resolve_model(args)

@@ -59,6 +59,7 @@ from raykv.bench.common import (
     Tokenizer,
     decode,
     machine,
+    names_option,
     number,
     percentile,
     section,
@@ -508,11 +509,7 @@ def settled_cached_by_source(model_id: str, at_least: int = 0, timeout_s: float 
 
 
 def _configs(args: argparse.Namespace) -> list[str]:
-    names = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = set(names) - set(CONFIGS)
-    if unknown or not names:
-        raise ValueError(f"--configs: unknown {sorted(unknown)}; allowed: {', '.join(CONFIGS)}")
-    return names
+    return names_option("--configs", args.configs, list(CONFIGS))
 
 
 def run(args: argparse.Namespace) -> ServeResult:
