@@ -37,3 +37,6 @@ def root_digest(root: str) -> str:
 #: The Ray node of a Serve replica, noted by raykv's vLLM plugin for the engine process it
 #: spawns (``raykv.core.node.process_node_id``).
 NODE_ENV = "RAYKV_ENGINE_NODE"
+#: The Ray actor id (hex) of the process that created an engine (its Serve replica),
+#: noted by raykv's vLLM plugin before vLLM spawns the engine.
+OWNER_ENV = "RAYKV_ENGINE_OWNER"

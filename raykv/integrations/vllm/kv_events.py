@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, cast
 import ray
 from ray.actor import ActorClass, ActorHandle
 
+from raykv.core.naming import OWNER_ENV
 from raykv.core.node import process_node_id, ray_session
 from raykv.holders import engine_cache
-from raykv.integrations.vllm.plugin import OWNER_ENV
 
 if TYPE_CHECKING:
     from vllm.config.kv_events import KVEventsConfig

@@ -25,12 +25,8 @@ from __future__ import annotations
 import os
 import sys
 
-from raykv.core.naming import NODE_ENV
+from raykv.core.naming import NODE_ENV, OWNER_ENV
 from raykv.integrations.vllm.amx import request_amx_permission
-
-#: The Ray actor id (hex) of the process that created the engine.
-OWNER_ENV = "RAYKV_ENGINE_OWNER"
-#: The Ray node id (hex) of the Ray worker that created the engine.
 
 
 def register() -> None:
