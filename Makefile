@@ -68,8 +68,8 @@ test-e2e: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
 
 # The memory soak (tests/faults/test_memory_soak.py): RSS of raykv's processes
-# under churn, and the books at the end. 5 minutes by default (opt-in: not in CI);
-# RAYKV_MEMORY_SOAK_S=3600 for the hour-long run.
+# under churn, and the books at the end. 5 minutes by default (.ci/run runs it);
+# RAYKV_MEMORY_SOAK_S=3600 for the hour-long run (RAYKV_MEMORY_SOAK_CSV=<file> keeps every sample).
 RAYKV_MEMORY_SOAK_S ?= 300
 test-soak: $(STAMP)
 	PYTHONFAULTHANDLER=1 RAYKV_MEMORY_SOAK_S=$(RAYKV_MEMORY_SOAK_S) $(BIN)/python -m pytest --soak -s $(PYTEST_ARGS) tests/faults/test_memory_soak.py

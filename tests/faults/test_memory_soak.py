@@ -6,8 +6,8 @@ store and fs tiers (capacities a fraction of the keyspace, so every second
 evicts) for ``RAYKV_MEMORY_SOAK_S`` seconds (``make test-soak``: 300; 3600 for the
 hour-long run). Once a second it samples the RSS of every raykv actor process
 of this test's Ray and of this process (the tiers' clients, with pytest and
-the Ray driver), and ``/dev/shm`` use. After a warm-up (the first quarter of
-the run) each process's growth is the least-squares slope of its private
+the Ray driver), and ``/dev/shm`` use. After a warm-up (``MAX_WARM_UP_S``: the first
+half of the run, at most 15 minutes) each process's growth is the least-squares slope of its private
 memory (RSS less shared pages: plasma pages an actor touched are not its
 leak), in MiB per hour; raykv's actors are held to the bound, this process is reported.
 
@@ -45,6 +45,13 @@ MAX_GROWTH_MIB_PER_H = 64.0
 TENANTS = ("tenant-a", "tenant-b", None)
 #: Processes whose RSS is watched: raykv's actors by class (their process title).
 ACTOR_ROLES = ("ObjectStoreActor", "FsRootActor", "DirectoryShard", "DirectoryAgent", "ControlActor")
+
+#: Growth is measured after a warm-up: the first half of the run, at most 15 minutes. The
+#: hour-long run (2026-11-27, every sample kept with ``RAYKV_MEMORY_SOAK_CSV``) shows why: the
+#: actors' private memory climbs for their first 3-5 minutes (allocator arenas, bounded caches
+#: and logs filling) and then stays flat (0.1-2.1 MiB/h over the hour). Over minutes 1.25-5 they
+#: grew at 12-52 MiB/h, too near the bound for a 5-minute CI run; over minutes 2.5-5, 3-22 MiB/h.
+MAX_WARM_UP_S = 900.0
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(4000)]
 
@@ -154,9 +161,11 @@ def test_memory_stays_flat_and_the_books_balance(soak_services, tmp_path) -> Non
         for t in tiers.values():
             t.shutdown()
         region.close()
+    _write_samples(samples)
     rows = []
+    warm_up_s = min(seconds / 2, MAX_WARM_UP_S)
     for name, pts in samples.items():
-        kept = pts[len(pts) // 4 :]
+        kept = [p for p in pts if p[0] >= warm_up_s]
         if len(kept) < 10:
             continue
         growth = growth_mib_per_hour([p[0] for p in kept], [p[1] for p in kept])
@@ -176,6 +185,18 @@ def test_memory_stays_flat_and_the_books_balance(soak_services, tmp_path) -> Non
         if g > MAX_GROWTH_MIB_PER_H and name.split(" ")[0] in ACTOR_ROLES
     ]
     assert not too_fast, f"private memory grows faster than {MAX_GROWTH_MIB_PER_H} MiB/h after warm-up: {too_fast}"
+
+
+def _write_samples(samples: dict[str, list[tuple[float, float]]]) -> None:
+    """Every sample as CSV (process, seconds, private bytes) to ``RAYKV_MEMORY_SOAK_CSV``,
+    when set: the curve behind the table, for a long run's note."""
+    path = os.environ.get("RAYKV_MEMORY_SOAK_CSV")
+    if not path:
+        return
+    with open(path, "w") as out:
+        out.write("process,seconds,private_bytes\n")
+        for name, pts in samples.items():
+            out.writelines(f"{name},{t:.1f},{b:.0f}\n" for t, b in pts)
 
 
 def _tenant_books(services) -> list[str]:
