@@ -89,6 +89,22 @@ class RaykvConfig:
         "its own holders' and the ones its engines asked for: a key it does not list is then held by nobody, "
         "so lookups never need a call; for clusters whose directory fits in every node's /dev/shm",
     )
+    pending_entries: bool = opt(
+        False,
+        kind=bool,
+        doc="compute once: an engine computing blocks nobody holds lists them in the directory as pending, "
+        "and another engine whose request meets them may wait for them to register and load them instead "
+        "of computing them too (its rule: raykv.engine.pending); needs directory_agent; off by default "
+        "until its benchmark is in",
+    )
+    pending_max_wait_ms: float = opt(
+        5000.0,
+        kind=float,
+        min=0.0,
+        max=600_000.0,
+        doc="longest a pending entry is listed, and so the longest a request waits for another engine's "
+        "blocks (a shorter wait when this engine's own compute time for them is measured); 0: never wait",
+    )
     holder_reconcile_s: float = opt(
         5.0,
         kind=float,

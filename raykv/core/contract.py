@@ -77,6 +77,15 @@ class ReqContext:
     retry_round: int = field(default=-2, repr=False, compare=False)
     #: Set once its RETRY count went to the step meter (``StepCost.request_finished``).
     cost_reported: bool = field(default=False, repr=False, compare=False)
+    #: Compute once (``raykv.engine.pending``): set once this request announced the
+    #: blocks it computes; until when it waits for blocks another engine computes
+    #: (monotonic s; None: it has not met any), and whether that wait was counted.
+    pending_announced: bool = field(default=False, repr=False, compare=False)
+    pending_wait_until: float | None = field(default=None, repr=False, compare=False)
+    pending_wait_ended: bool = field(default=False, repr=False, compare=False)
+    pending_loaded: bool = field(default=False, repr=False, compare=False)
+    #: When the entries it waits for were first seen gone without their blocks (monotonic s).
+    pending_gone_at: float | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

@@ -25,6 +25,16 @@ ROOT_HASH = hashlib.sha256(b"raykv-root").digest()
 
 
 MAX_GROUP_IDX = 2 ** (8 * GROUP_IDX_BYTES) - 1
+#: The group index of pending keys (``pending_key``): vLLM's groups count from 0 and
+#: engine-cache keys use ``0xFFFFFFFF``, so no tier key ever has it.
+PENDING_GROUP = b"\xff\xff\xff\xfe"
+
+
+def pending_key(key: bytes) -> bytes:
+    """The directory key for "an engine is computing the block of ``key`` now"
+    (``key``: a scoped offload key, identity and tenant included). Its own key
+    family: tier lookups never see pending entries, so none is ever a HIT."""
+    return key[:-GROUP_IDX_BYTES] + PENDING_GROUP
 
 
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> OffloadKey:

@@ -27,6 +27,7 @@ Report: TypeAlias = "dict[str, JsonValue]"
 PLASMA = "plasma"  # node-local Ray object store
 SHARED = "shared"  # shared storage reachable from every node
 ENGINE = "engine"  # an engine's own (accelerator) KV cache: routed to, never loaded from
+PENDING = "pending"  # blocks an engine is computing now: waited for, never loaded from
 
 
 @dataclass(frozen=True)

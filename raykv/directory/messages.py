@@ -52,6 +52,7 @@ class ShardStats:
     """A directory shard's ``stats()``."""
 
     shard: int
+    #: Keys some holder holds (pending entries, blocks being computed, not counted).
     keys: int
     index_bytes: int
     #: Keys listed per holder id.
@@ -62,6 +63,8 @@ class ShardStats:
     dropped: list[DroppedHolder]
     started_at: float = 0.0
     rebuild: RebuildReport = field(default_factory=RebuildReport)
+    #: Pending entries: blocks engines are computing now (``raykv.holders.pending``).
+    pending_keys: int = 0
 
 
 class FeedOp(enum.IntEnum):

@@ -27,7 +27,7 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.core import naming
-from raykv.core.wire import HolderInfo, LookupReply
+from raykv.core.wire import PENDING, HolderInfo, LookupReply
 from raykv.directory.feed import ChangeFeed
 from raykv.directory.fingerprint import from_blob, to_blob
 from raykv.directory.fptable import FingerprintTable
@@ -233,13 +233,20 @@ class DirectoryShardImpl:
         return table.flat_fps[np.isin(table.values, self._sets.containing(slot))].copy()
 
     @property
+    def pending_keys(self) -> int:
+        """Keys listed only as pending entries (their own key family: no holder holds one);
+        a block two engines both compute counts twice."""
+        n = sum(self._count[s] for s, info in self._holders.items() if info.medium == PENDING)
+        return min(n, self.num_keys)
+
+    @property
     def num_holders(self) -> int:
         return len(self._holders)
 
     def figures(self) -> ShardFigures:
         """What the shard's metrics publish: key, holder and lookup counts, invalidations by reason."""
         return ShardFigures(
-            num_keys=self.num_keys,
+            num_keys=self.num_keys - self.pending_keys,
             num_holders=self.num_holders,
             looked_up=self.looked_up,
             invalidated=dict(self.invalidated),
@@ -248,7 +255,8 @@ class DirectoryShardImpl:
     def stats(self) -> ShardStats:
         return ShardStats(
             shard=self.index,
-            keys=self.num_keys,
+            keys=self.num_keys - self.pending_keys,
+            pending_keys=self.pending_keys,
             index_bytes=self.nbytes,
             holders={info.holder_id: self._count[s] for s, info in self._holders.items()},
             calls=dict(self.calls),

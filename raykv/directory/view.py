@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 
-from raykv.core.wire import HolderInfo, LookupReply
+from raykv.core.wire import PENDING, HolderInfo, LookupReply
 from raykv.directory.fingerprint import from_blob
 from raykv.directory.fptable import Allocate, FingerprintTable
 from raykv.directory.holdersets import HolderSets
@@ -100,12 +100,13 @@ class NodeView:
         if self.holders.get(slot) != info:
             self.holders[slot] = info
             self._holder_changes += 1
-        if info.node_id == self.node_id:
+        if self.is_local(info):
             self._local.add(slot)
         return slot
 
     def is_local(self, info: HolderInfo) -> bool:
-        return info.node_id == self.node_id
+        """Whether ``info`` holds blocks on this node (its engines' pending entries hold none)."""
+        return info.node_id == self.node_id and info.medium != PENDING
 
     def listed(self, shard: int) -> list[HolderInfo]:
         """The holders the view knows ``shard`` lists."""

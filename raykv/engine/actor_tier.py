@@ -35,9 +35,10 @@ from raykv.core.errors import RaykvError, root_cause
 from raykv.core.handles import HolderHandle
 from raykv.core.identity import KVIdentity
 from raykv.core.jobs import JobTracker, MeteredJobTracker
-from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, validate_key
+from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, pending_key, validate_key
 from raykv.core.tenants import TenantSharing
 from raykv.core.wire import HolderInfo, HolderReady, LoadAnswer, StoreAnswer
+from raykv.engine.pending import ComputeOnce, PendingBook, pending_book, request_blocks
 from raykv.engine.polling import ActorLiveness, HoldingsFeed, poll_ref
 from raykv.metrics.recorders import TierMetrics
 from raykv.metrics.step_cost import COUNTS
@@ -69,14 +70,21 @@ class DirectoryBackedTier(SecondaryTier):
         self.services = services or attach(namespace, start_if_missing=True)
         self.node_id = self.services.node_id()
         self.metrics = TierMetrics(tier_type, self.node_id)
-        self.jobs: JobTracker = MeteredJobTracker(self.metrics, self.block_size_bytes)
         self._cache = self.services.lookup_cache
+        book = pending_book(self.services)
+        if book is not None:  # a key is a miss of the process when none of its tiers loads it
+            loadable = lambda hs: self.services.planner.source(self.key_tag, hs) is not None  # noqa: E731
+            self._pending = ComputeOnce(book, self._cache, loadable, self._scoped_prefix)
+        self.jobs: JobTracker = MeteredJobTracker(_Accounting(self.metrics, book), self.block_size_bytes)
         self.services.register_identity(self.identity)
         self._events: HoldingsFeed | None = None
         self.services.planner.add(self.key_tag, self)
         self.tenant_sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
         self._lookup_wait_s = float(getattr(self.services.config, "lookup_wait_ms", 0.0)) / 1000
         self._retry_budget_s = float(getattr(self.services.config, "lookup_retry_budget_ms", 50.0)) / 1000
+
+    #: Compute once (``raykv.engine.pending``): None when off for the namespace.
+    _pending: ComputeOnce | None = None
 
     # -- KV events -----------------------------------------------------------
     #: The holder actor whose holdings this tier reports (set by subclasses).
@@ -164,13 +172,32 @@ class DirectoryBackedTier(SecondaryTier):
                 if self._retry_budget_spent(req_context):
                     self.metrics.retry_budget_miss()
                     self.metrics.lookup(LookupResult.MISS)
+                    if self._pending is not None:  # it computes them, unknown or not
+                        self._pending.announce(key, req_context)
                     return LookupResult.MISS
                 req_context.retries += 1
             self.metrics.lookup(LookupResult.RETRY)
             return LookupResult.RETRY
         result = LookupResult.HIT if self.serves(holders) else LookupResult.MISS
+        if self._pending is not None and req_context is not None:
+            result = self._pending.lookup(key, holders, result, req_context)
         self.metrics.lookup(result)  # a local count; flushed to Ray once per step
         return result
+
+    def _scoped_prefix(self, req_context: ReqContext) -> list[bytes]:
+        """The request's prefix keys as this tier scopes them (empty when the engine does not say)."""
+        if req_context.prefix_keys is None:
+            return []
+        scope = self.key_scope(req_context)
+        try:
+            return [
+                self.scope(k, scope=scope)
+                for k in req_context.prefix_keys()
+                if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
+            ]
+        except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
+            logger.debug("prefix keys unavailable: %r", e)
+            return []
 
     def _retry_budget_spent(self, req_context: ReqContext) -> bool:
         """Whether ``req_context``'s request has been held back by RETRY for
@@ -182,6 +209,8 @@ class DirectoryBackedTier(SecondaryTier):
         budget = req_context.retry_budget_s
         if budget is None:
             budget = self._retry_budget_s
+            if self._pending is not None and self._pending.book.compute_s_per_block is not None:
+                budget = max(budget, self._pending.book.answer_budget_s(request_blocks(req_context)))
         now = time.monotonic()
         current = self._cache.round
         if req_context.retry_since is None or req_context.retry_round < current - 1:
@@ -199,19 +228,11 @@ class DirectoryBackedTier(SecondaryTier):
         if req_context.prefix_resolved:
             return False
         req_context.prefix_resolved = True
-        keys = [key]
-        if req_context.prefix_keys is not None:
-            scope = self.key_scope(req_context)
-            try:
-                keys += [
-                    self.scope(k, scope=scope)
-                    for k in req_context.prefix_keys()
-                    if type(k) is bytes and GROUP_IDX_BYTES < len(k) <= MAX_KEY_BYTES
-                ]
-            except Exception as e:  # the engine's bookkeeping: never fail a lookup over it
-                logger.debug("prefix keys unavailable: %r", e)
+        keys = [key, *self._scoped_prefix(req_context)]
         if len(keys) == 1 and req_context.prefix_keys is None and self._lookup_wait_s <= 0:
             return False  # nothing to gain over the step's batched call
+        if self._pending is not None:  # who computes them now, answered in the same call
+            keys += [pending_key(k) for k in keys]
         return self._cache.resolve(keys, self._cache.round_trips.wait_budget(self._lookup_wait_s))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
@@ -220,6 +241,8 @@ class DirectoryBackedTier(SecondaryTier):
     def on_schedule_end(self) -> None:
         self._cache.flush()
         self.metrics.flush()
+        if self._pending is not None:
+            self._pending.book.flush()
         if self._events is not None:
             self._events.poll()
 
@@ -241,6 +264,13 @@ class DirectoryBackedTier(SecondaryTier):
                 self.jobs.wait_idle(0.005)
         for job in self.jobs.pending():  # never leave a job without a result
             self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
+
+    def note_stored(self, keys: list[bytes], holder: HolderInfo) -> None:
+        """``holder`` now holds ``keys`` (scoped), stored by this process: the
+        process's answers say so, and pending entries of them end."""
+        self._cache.note_stored(keys, holder)
+        if self._pending is not None:
+            self._pending.book.stored(keys)
 
     def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
         """A submitted job's validated, identity-scoped keys and its chunk ids
@@ -267,6 +297,20 @@ class DirectoryBackedTier(SecondaryTier):
                 self._cache.request(k)
         self._cache.wait(timeout)
         return [self._lookup_scoped(k) for k in scoped]
+
+
+class _Accounting:
+    """Where a tier's finished jobs are counted: its metrics, and its loads' times
+    for the compute-once rule (``PendingBook.observe_load``)."""
+
+    def __init__(self, metrics: TierMetrics, pending: PendingBook | None) -> None:
+        self.metrics = metrics
+        self.pending = pending
+
+    def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None:
+        self.metrics.job_finished(job, result, block_bytes)
+        if self.pending is not None and job.is_promotion and result.success and result.transfer_time is not None:
+            self.pending.observe_load(result.transfer_time, len(job.keys))
 
 
 @dataclass
@@ -321,7 +365,7 @@ class ActorCallTier(DirectoryBackedTier):
             if answer.error:
                 self.jobs.fail(job, f"{self.tier_type} store failed: {answer.error}")
             else:
-                self._cache.note_stored(keys, self.holder_info)
+                self.note_stored(keys, self.holder_info)
                 self.jobs.succeed(job, transfer_bytes=answer.bytes)
             return
         errors = answer.errors

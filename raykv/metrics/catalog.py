@@ -104,6 +104,14 @@ _SPECS = (
         "lookups answered MISS instead of RETRY: the request had waited out lookup_retry_budget_ms",
         ENGINE_TAGS,
     ),
+    MetricSpec(
+        "raykv_pending_decisions",
+        COUNTER,
+        "requests that met blocks another engine is computing, by what they did (wait: held back "
+        "until they register; compute: computed them anyway; loaded: waited and got them; gave_up: the "
+        "wait ended without them) and requests that announced blocks they compute (announce)",
+        ("node", "decision"),
+    ),
     # -- engine side: raykv's cost on the engine's scheduler thread (raykv.metrics.step_cost), per node
     MetricSpec(
         "raykv_engine_step_seconds",

@@ -19,7 +19,7 @@ from raykv.core import naming
 from raykv.core.errors import RaykvError
 from raykv.core.identity import KVIdentity
 from raykv.core.units import fmt_bytes
-from raykv.core.wire import HolderInfo, JsonValue, Report
+from raykv.core.wire import PENDING, HolderInfo, JsonValue, Report
 from raykv.directory.messages import AgentStats, ShardStats
 from raykv.holders.messages import HolderStats
 from raykv.services.cluster import RaykvServices, identity_report
@@ -139,6 +139,8 @@ class ClusterStatus(TypedDict):
     agents: list[AgentRow]
     rules_version: int
     tiers: list[TierRow]
+    #: Each engine's pending entries: blocks it is computing now (``raykv.holders.pending``).
+    pending: list[TierRow]
     identities: list[IdentityRow]
     hit_rates: dict[str, HitRate]
     nodes: list[NodeRow]
@@ -289,9 +291,13 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     rates = engine_hit_rates(series)
 
     tiers: list[TierRow] = []
+    pending: list[TierRow] = []
     held: list[tuple[str, HolderStats]] = []
     for info in sorted(services.holders(timeout), key=lambda h: (h.tier_type, str(h.node_id))):
         row, stats = _tier_row(info, ns, timeout)
+        if info.medium == PENDING:  # no tier: blocks being computed, not held
+            pending.append(row)
+            continue
         key = f"{info.tier_type}@{info.node_id}" if info.node_id else info.tier_type
         row["engine_lookups"] = rates.get(key, {"lookups": 0, "hits": 0, "hit_rate": None})
         tiers.append(row)
@@ -315,6 +321,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         "agents": _agent_rows(services, timeout),
         "rules_version": control.rules_version,
         "tiers": tiers,
+        "pending": pending,
         "identities": identities,
         "hit_rates": {k: v for k, v in rates.items() if "@" not in k},
         "nodes": [
@@ -459,6 +466,13 @@ def format_status(status: ClusterStatus) -> str:
                 f"{str(t.get('owner') or t['holder_id'])[:34]:<34} {str(t.get('node_id'))[:14]:<14} "
                 f"{'yes' if t['alive'] else 'NO':<6} {t.get('blocks') if t.get('blocks') is not None else '-'!s:>8}  "
                 f"{by_tier}"
+            )
+    if status.get("pending"):
+        lines += ["", f"{'being computed (replica actor)':<34} {'node':<14} {'alive':<6} {'blocks':>8}"]
+        for t in status["pending"]:
+            lines.append(
+                f"{str(t.get('owner') or t['holder_id'])[:34]:<34} {str(t.get('node_id'))[:14]:<14} "
+                f"{'yes' if t['alive'] else 'NO':<6} {t.get('blocks') if t.get('blocks') is not None else '-'!s:>8}"
             )
     if not status["tiers"]:
         lines.append("(no tier actors yet: they start with `raykv start --config` or the first engine)")

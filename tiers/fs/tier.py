@@ -231,7 +231,7 @@ class FsTier(DirectoryBackedTier):
             self._cache.invalidate(list(evicted), "fs")
         held = [state.keys[i] for i in committed if state.keys[i] not in evicted and state.keys[i] not in missing]
         if held:
-            self._cache.note_stored(held, self.holder_info)
+            self.note_stored(held, self.holder_info)
         for i in committed:
             if state.keys[i] in missing:
                 state.outcomes[i] = Outcome(ERROR, detail="file evicted while committing")

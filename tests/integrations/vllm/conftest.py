@@ -21,7 +21,8 @@ def two_node_raykv(request, vllm_env, make_ray_cluster) -> Iterator[tuple[Any, l
         head={"num_cpus": 2, "object_store_memory": 256 * MIB},
         workers=[{"num_cpus": 2, "object_store_memory": 256 * MIB}],
     )
-    services = raykv.start({"namespace": request.module.NAMESPACE, "directory_shards": 2})
+    options = getattr(request.module, "RAYKV_OPTIONS", {})  # a module's own namespace options
+    services = raykv.start({"namespace": request.module.NAMESPACE, "directory_shards": 2, **options})
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
     yield services, nodes
     services.shutdown()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from raykv.core.wire import HolderInfo
+from raykv.core.wire import PENDING, HolderInfo
 from raykv.directory.agent_state import AgentState, FeedPosition
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.messages import FeedOp, KeyOp, ShardBatch
@@ -147,3 +147,11 @@ def test_an_apply_reply_carries_the_page_with_its_own_changes():
     known, ids = state.view.lookup(fps)
     assert known.all() and (ids != 0).all()
     assert shard.apply(ShardBatch()).page is None  # not asked: no page
+
+
+def test_the_nodes_own_pending_entries_are_not_its_holdings() -> None:
+    """A node's engines' pending entries hold no block: the view does not count them
+    among the node's own keys, nor read them as a local holder's."""
+    view = NodeView("node-a")
+    pending = HolderInfo("pending:node-a:1", "pending", PENDING, "p1", "ns", "node-a")
+    assert not view.is_local(pending) and view.is_local(LOCAL)

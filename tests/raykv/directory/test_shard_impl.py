@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from raykv.core.keys import prefix_keys
+from raykv.core.keys import pending_key, prefix_keys
 from raykv.core.placement import PLASMA, SHARED, HolderInfo, decode_reply
+from raykv.core.wire import PENDING
 from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.directory.shard import DirectoryShardImpl
 
@@ -71,3 +72,20 @@ def test_many_keys_through_rebuilds():
     held = [bool(h) for h in _holders(s, keys)]
     want = [(i % 5000) >= 1000 for i in range(len(keys))]
     assert held == want and s.num_keys == sum(want)
+
+
+def test_pending_entries_are_listed_apart_from_held_keys():
+    """Blocks being computed (``raykv.holders.pending``) are listed under their own
+    keys, and the shard's key count, its metrics and ``raykv status`` leave them out."""
+    s = DirectoryShardImpl(0, 1)
+    s.add_holder(_info("a"))
+    s.add_holder(HolderInfo("pending:n1:7", "pending", PENDING, "p7", "ns", "n1"))
+    keys = prefix_keys(list(range(160)), 16)  # 10 keys
+    s.register("a", keys[:4])
+    assert s.register("pending:n1:7", [pending_key(k) for k in keys[4:]]) == 6
+    stats = s.stats()
+    assert (stats.keys, stats.pending_keys, s.figures()["num_keys"]) == (4, 6, 4)
+    assert _holders(s, keys[4:]) == [set()] * 6  # a pending entry is never a holder of the block
+    assert _holders(s, [pending_key(k) for k in keys[4:]]) == [{"pending:n1:7"}] * 6
+    s.unregister("pending:n1:7", [pending_key(k) for k in keys[4:]])
+    assert (s.stats().keys, s.stats().pending_keys) == (4, 0)

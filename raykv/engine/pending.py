@@ -1,0 +1,351 @@
+"""Compute once: an engine process's pending entries and its wait-or-compute rule.
+
+A request whose prefix nobody holds is computed by the engine that got it.
+``PendingBook.announce`` lists those blocks in the directory as *pending*
+(``raykv.holders.pending``), with a deadline; ``stored`` ends each entry when
+the block's store succeeds. Another engine whose lookup meets a pending entry
+asks ``decide`` how long to wait (answering RETRY until the blocks register,
+then loading them) or whether to compute them anyway.
+
+The rule uses what this process measured:
+
+- ``compute_s_per_block``: from announcing a request's blocks to their stores
+  succeeding, per block (the time a waiter waits for another engine's copy);
+- ``load_s_per_block``: how long this process's loads take, per block.
+
+Wait when loading is cheaper than computing (or either is not measured yet),
+for at most ``WAIT_FACTOR`` x the request's own compute estimate plus
+``WAIT_SLACK_S`` (the other engine began earlier, so its copy is due sooner
+than ours would be), never longer than ``pending_max_wait_ms``. A wait that
+ends without the blocks computes them; it is counted (``gave_up``).
+Everything here is bookkeeping in this process: no call waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import cast
+
+import ray
+from ray.actor import ActorClass, ActorHandle
+
+from raykv.core.contract import LookupResult, ReqContext
+from raykv.core.keys import pending_key
+from raykv.core.naming import OWNER_ENV
+from raykv.core.wire import PENDING, HolderInfo
+from raykv.directory.client import LookupCache
+from raykv.holders import pending as pending_holder
+from raykv.metrics.catalog import record
+from raykv.services.cluster import RaykvServices
+
+logger = logging.getLogger(__name__)
+
+#: A waiter waits at most this many times its own compute estimate for the blocks...
+WAIT_FACTOR = 1.5
+#: ...plus this (the other engine's store, its registration, the feed to this node).
+WAIT_SLACK_S = 0.25
+#: How long a waiter still waits for a block whose pending entry ended without it in view:
+#: its registration travels through another shard's feed (replica lag p99 under 0.1 s).
+REGISTER_GRACE_S = 0.5
+#: An announcement's deadline: this many times the compute estimate plus ``WAIT_SLACK_S``.
+DEADLINE_FACTOR = 2.0
+#: A request may wait this share of its own compute time for the directory's answers (at
+#: least ``lookup_retry_budget_ms``): a long prefill can afford to learn who computes it already.
+ANSWER_SHARE = 0.1
+#: Weight of the newest sample in the running estimates.
+EWMA = 0.3
+#: Most announced keys remembered for timing (oldest dropped first).
+MAX_TIMED = 65_536
+#: What the decisions are counted as (``raykv_pending_decisions``).
+DECISIONS = ("announce", "wait", "compute", "loaded", "gave_up")
+
+
+class PendingBook:
+    """One engine process's pending entries (one ``PendingActor``) and its wait rule."""
+
+    def __init__(
+        self,
+        namespace: str,
+        node_id: str,
+        max_wait_s: float,
+        owner: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        start_actor: bool = True,
+    ) -> None:
+        self.namespace = namespace
+        self.node_id = node_id
+        self.max_wait_s = max_wait_s
+        self.info: HolderInfo = pending_holder.holder_info(namespace, node_id, owner or os.environ.get(OWNER_ENV))
+        self._clock = clock
+        self._start_actor = start_actor
+        self._actor: ActorHandle | None = None
+        self._lock = threading.Lock()
+        #: pending key -> (when announced, its place in its request's announcement, 1-based)
+        self._timed: dict[bytes, tuple[float, int]] = {}
+        self.compute_s_per_block: float | None = None
+        self.load_s_per_block: float | None = None
+        self.counts: dict[str, int] = dict.fromkeys(DECISIONS, 0)
+        self._unflushed: dict[str, int] = dict.fromkeys(DECISIONS, 0)
+
+    # -- the rule ------------------------------------------------------------
+    def decide(self, blocks: int) -> float:
+        """Seconds a request should wait for ``blocks`` blocks another engine is
+        computing (0: compute them). Counted as ``wait`` or ``compute``."""
+        compute = None if self.compute_s_per_block is None else self.compute_s_per_block * blocks
+        load = None if self.load_s_per_block is None else self.load_s_per_block * blocks
+        if compute is not None and load is not None and load >= compute:
+            self.count("compute")
+            return 0.0
+        wait = self.max_wait_s if compute is None else min(self.max_wait_s, WAIT_FACTOR * compute + WAIT_SLACK_S)
+        self.count("wait" if wait > 0 else "compute")
+        return wait
+
+    def answer_budget_s(self, blocks: int) -> float:
+        """How long a request of ``blocks`` blocks may wait for the directory's answers
+        before computing them: ``ANSWER_SHARE`` of its measured compute time (0: not measured)."""
+        return 0.0 if self.compute_s_per_block is None else ANSWER_SHARE * self.compute_s_per_block * blocks
+
+    def deadline_s(self, blocks: int) -> float:
+        """How long an announcement of ``blocks`` blocks stays listed at most."""
+        if self.compute_s_per_block is None:
+            return self.max_wait_s
+        return min(self.max_wait_s, DEADLINE_FACTOR * self.compute_s_per_block * blocks + WAIT_SLACK_S)
+
+    def is_mine(self, holder: HolderInfo) -> bool:
+        """Whether ``holder`` is this process's own pending holder (never waited for)."""
+        return holder.holder_id == self.info.holder_id
+
+    @staticmethod
+    def computing(holders: Sequence[HolderInfo], mine: Callable[[HolderInfo], bool]) -> bool:
+        """Whether ``holders`` (a pending key's) name another engine computing the block."""
+        return any(h.medium == PENDING and not mine(h) for h in holders)
+
+    # -- the entries -----------------------------------------------------------
+    def announce(self, keys: Sequence[bytes]) -> None:
+        """This process computes the blocks of ``keys`` (scoped tier keys, in prefix order) now."""
+        if not keys:
+            return
+        pks = [pending_key(k) for k in keys]
+        now = self._clock()
+        with self._lock:
+            for i, pk in enumerate(pks, 1):
+                self._timed[pk] = (now, i)
+            while len(self._timed) > MAX_TIMED:
+                del self._timed[next(iter(self._timed))]
+        self.count("announce")
+        actor = self._handle()
+        if actor is not None:
+            actor.announce.remote(pks, self.deadline_s(len(pks)))
+
+    def stored(self, keys: Sequence[bytes]) -> None:
+        """Blocks of ``keys`` (scoped tier keys) stored: their entries end, and
+        the time since their announcement updates the compute estimate."""
+        now = self._clock()
+        done: list[bytes] = []
+        per_block: list[float] = []
+        with self._lock:
+            for k in keys:
+                pk = pending_key(k)
+                seen = self._timed.pop(pk, None)
+                if seen is not None:
+                    done.append(pk)
+                    per_block.append((now - seen[0]) / seen[1])
+        if not done:
+            return
+        # the block announced last in a store's batch is the one its request waited longest for
+        self.compute_s_per_block = _ewma(self.compute_s_per_block, min(per_block))
+        actor = self._handle()
+        if actor is not None:
+            actor.finish.remote(done)
+
+    def observe_load(self, seconds: float, blocks: int) -> None:
+        """One of this process's loads: ``blocks`` blocks in ``seconds``."""
+        if blocks > 0 and seconds >= 0:
+            self.load_s_per_block = _ewma(self.load_s_per_block, seconds / blocks)
+
+    # -- counts ----------------------------------------------------------------
+    def count(self, decision: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[decision] += n
+            self._unflushed[decision] += n
+
+    def flush(self) -> None:
+        """Hand the decisions counted since the last flush to Ray (no remote call)."""
+        with self._lock:
+            deltas = {d: n for d, n in self._unflushed.items() if n}
+            self._unflushed = dict.fromkeys(DECISIONS, 0)
+        for decision, n in deltas.items():
+            record("raykv_pending_decisions", n, {"node": self.node_id, "decision": decision})
+
+    # -- the actor -------------------------------------------------------------
+    def start(self) -> None:
+        """Start the process's ``PendingActor`` without waiting for it."""
+        self._handle()
+
+    def _handle(self) -> ActorHandle | None:
+        """The process's ``PendingActor``, started on first use without waiting for
+        it (calls queue until it runs); None when it cannot be started."""
+        if self._actor is not None or not self._start_actor:
+            return self._actor
+        with self._lock:
+            if self._actor is None:
+                try:
+                    self._actor = _start(self.info, self.namespace)
+                except Exception as e:  # entries are an optimisation: computing stays correct
+                    logger.warning("raykv: pending entries unavailable on this engine: %r", e)
+                    self._start_actor = False
+        return self._actor
+
+    def close(self) -> None:
+        """Drop the actor (its entries leave the directory with it)."""
+        actor, self._actor = self._actor, None
+        if actor is not None:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+#: One book per ``RaykvServices`` (a process attaches once per namespace and Ray session).
+def request_blocks(req_context: ReqContext) -> int:
+    """Blocks of the request's prompt, as the engine lists them (1 when it does not say)."""
+    if req_context.prefix_keys is None:
+        return 1
+    try:
+        return max(1, len(req_context.prefix_keys()))
+    except Exception:  # noqa: BLE001 - the engine's bookkeeping: an estimate only
+        return 1
+
+
+class ComputeOnce:
+    """One tier's lookups under the compute-once rule, with its process's ``PendingBook``.
+
+    A request whose block no tier of the process can load waits while another
+    engine computes it (RETRY, for at most ``PendingBook.decide``'s time), else
+    computes it and announces what it computes: the block and the request's
+    later blocks nobody holds, once per request (the request's ``ReqContext``
+    is shared by all tiers of the process)."""
+
+    def __init__(
+        self,
+        book: PendingBook,
+        answers: LookupCache,
+        loadable: Callable[[list[HolderInfo]], bool],
+        scoped_prefix: Callable[[ReqContext], list[bytes]],
+    ) -> None:
+        self.book = book
+        self._answers = answers
+        self._loadable = loadable
+        self._scoped_prefix = scoped_prefix
+
+    def lookup(
+        self, key: bytes, holders: list[HolderInfo], result: LookupResult, req_context: ReqContext
+    ) -> LookupResult:
+        """The answer for ``key`` (scoped), whose holders are known, given the tier's own ``result``."""
+        book = self.book
+        if result is LookupResult.HIT:
+            if req_context.pending_wait_until is not None and not req_context.pending_loaded:
+                req_context.pending_loaded = True
+                book.count("loaded")
+                logger.debug("raykv: %s waited and loads %s", req_context.req_id, key.hex()[:16])
+            return result
+        if self._loadable(holders):
+            return result  # another tier of this process loads it: not a miss of the process
+        now = time.monotonic()
+        if not req_context.pending_wait_ended:
+            pending = self._answers.get(pending_key(key))
+            computing = pending is not None and book.computing(pending, book.is_mine)
+            if req_context.pending_wait_until is None and computing:
+                blocks = request_blocks(req_context)
+                wait_s = book.decide(blocks)
+                req_context.pending_wait_until = now + wait_s
+                logger.debug(
+                    "raykv: %s meets %d blocks another engine computes: %s (compute %s s/block, load %s s/block)",
+                    req_context.req_id,
+                    blocks,
+                    f"waits up to {wait_s:.3f} s" if wait_s > 0 else "computes",
+                    book.compute_s_per_block,
+                    book.load_s_per_block,
+                )
+            until = req_context.pending_wait_until
+            if until is not None and now < until:
+                # An entry that just ended names a block whose registration may reach this
+                # node's view a little later (another shard's feed): wait for it a moment.
+                gone = req_context.pending_gone_at = None if computing else (req_context.pending_gone_at or now)
+                if gone is None or now - gone < REGISTER_GRACE_S:
+                    req_context.retries += 1
+                    return LookupResult.RETRY
+            if until is not None:  # the wait ran out, or the entry ended without the block
+                book.count("gave_up")
+                logger.debug(
+                    "raykv: %s stopped waiting for %s (entry %s)",
+                    req_context.req_id,
+                    key.hex()[:16],
+                    "gone" if not computing else "past its wait",
+                )
+            req_context.pending_wait_ended = True
+        self.announce(key, req_context)
+        return result
+
+    def announce(self, key: bytes, req_context: ReqContext) -> None:
+        """The request computes ``key``: list it and the request's later keys nobody
+        holds (as far as this process knows) as pending, once per request."""
+        if req_context.pending_announced:
+            return
+        req_context.pending_announced = True
+        keys = [key]
+        scoped = self._scoped_prefix(req_context)
+        if key in scoped:
+            keys = [k for k in scoped[scoped.index(key) :] if not self._answers.get(k)]
+        self.book.announce(keys)
+
+
+_books: weakref.WeakKeyDictionary[RaykvServices, PendingBook] = weakref.WeakKeyDictionary()
+_books_lock = threading.Lock()
+
+
+def pending_book(services: RaykvServices) -> PendingBook | None:
+    """This process's ``PendingBook`` for ``services``' namespace (every tier of the
+    process shares it); None when the namespace turned pending entries off
+    (``pending_entries``, ``pending_max_wait_ms`` 0) or runs no directory agents:
+    without a node's view, answers are cached for ``lookup_ttl_s`` and a waiter
+    would not see the blocks register in time."""
+    config = services.config
+    max_wait_s = float(getattr(config, "pending_max_wait_ms", 0.0)) / 1000
+    if (
+        not getattr(config, "pending_entries", False)
+        or not getattr(config, "directory_agent", False)
+        or max_wait_s <= 0
+    ):
+        return None
+    with _books_lock:
+        book = _books.get(services)
+        if book is None:
+            book = _books[services] = PendingBook(services.namespace, services.node_id(), max_wait_s)
+            book.start()  # now, not at the first announcement: the actor takes a second or so to start
+        return book
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else (1 - EWMA) * old + EWMA * sample
+
+
+def _start(info: HolderInfo, namespace: str) -> ActorHandle:
+    """Start the process's ``PendingActor`` on its node. Owned by this process
+    (not detached): it dies with the engine, and its entries with it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor_class = cast("ActorClass[pending_holder.PendingActor]", pending_holder.PendingActor)
+    actor = actor_class.options(
+        name=info.actor_name,
+        namespace=namespace,
+        get_if_exists=True,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(str(info.node_id), soft=True),
+    ).remote(info, namespace)
+    assert isinstance(actor, ActorHandle)  # Ray's stubs also allow the class itself
+    return actor

@@ -1,0 +1,238 @@
+"""Compute once (issue 25): an engine computing a prefix nobody holds lists it as
+pending; another engine meeting it waits and loads instead of computing it too.
+
+The rule itself runs without Ray (``PendingBook``, a fake clock). The rest runs
+engine-side object-store tiers in separate processes (Ray actors: each is an
+engine process with its own pending holder) on a real local Ray with the
+node's directory agent."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import ray
+
+import raykv
+from raykv.core.contract import LookupResult, ReqContext
+from raykv.core.identity import DEFAULT_IDENTITY, KVIdentity, scoped_keys
+from raykv.core.keys import PENDING_GROUP, pending_key, prefix_keys
+from raykv.core.wire import PENDING
+from raykv.engine.pending import WAIT_FACTOR, WAIT_SLACK_S, PendingBook
+from tests.waiting import wait_until
+
+BLOCK = 4096
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(max_wait_s: float = 5.0) -> tuple[PendingBook, _Clock]:
+    clock = _Clock()
+    return PendingBook("ns", "node-a", max_wait_s, clock=clock, start_actor=False), clock
+
+
+def test_pending_keys_are_a_family_of_their_own() -> None:
+    key = prefix_keys(list(range(16)), 16)[0]
+    pk = pending_key(key)
+    assert pk != key and len(pk) == len(key)
+    assert pk.endswith(PENDING_GROUP) and pk[:-4] == key[:-4]
+
+
+def test_the_rule_waits_until_measured_numbers_say_computing_is_cheaper() -> None:
+    book, clock = _book(max_wait_s=5.0)
+    # nothing measured yet: wait, at most the namespace's longest wait
+    assert book.decide(8) == 5.0
+    assert book.deadline_s(8) == 5.0
+    # this process computed 4 blocks: stored 0.4 s after they were announced
+    keys = prefix_keys(list(range(4 * 16)), 16)
+    book.announce(keys)
+    clock.now += 0.4
+    book.stored(keys)
+    assert book.compute_s_per_block == pytest.approx(0.1)  # the last block of the four: 0.4 s / 4
+    # loads are faster than computing: wait, for at most 1.5x our own compute time plus slack
+    book.observe_load(0.02, 4)
+    assert book.decide(8) == pytest.approx(WAIT_FACTOR * 0.8 + WAIT_SLACK_S)
+    assert book.decide(1000) == 5.0  # never past the longest wait
+    # loads slower than computing: compute
+    book.load_s_per_block = 0.2
+    assert book.decide(8) == 0.0
+    assert book.counts["wait"] == 3 and book.counts["compute"] == 1 and book.counts["announce"] == 1
+
+
+def test_only_other_engines_pending_entries_are_waited_for() -> None:
+    book, _ = _book()
+    other = dataclasses.replace(book.info, holder_id="pending:node-b:1", node_id="node-b")
+    assert PendingBook.computing([other], book.is_mine)
+    assert not PendingBook.computing([book.info], book.is_mine)
+    assert book.info.medium == PENDING
+    assert not PendingBook.computing([], book.is_mine)
+
+
+# -- engines in their own processes ------------------------------------------------
+
+
+@ray.remote(num_cpus=0)
+class Engine:
+    """One engine process: an object-store tier over its own primary region."""
+
+    def __init__(self, namespace: str, model: str = "default") -> None:
+        from raykv.core.factory import TierFactory
+        from raykv.engine.primary import PrimaryRegion
+
+        self.region = PrimaryRegion(16, BLOCK)
+        services = raykv.attach(namespace)
+        identity = DEFAULT_IDENTITY if model == "default" else KVIdentity(model=model)
+        self.tier = TierFactory.create_tier(
+            {"type": "object_store"}, self.region.view, services=services, identity=identity
+        )
+        self.contexts: dict[str, ReqContext] = {}
+
+    def step(self, keys: list[bytes], req_id: str, tenant: str | None = None) -> list[str]:
+        """One scheduler step's lookups for a request: key by key, up to its first non-HIT."""
+        ctx = self.contexts.get(req_id)
+        if ctx is None:
+            ctx = self.contexts[req_id] = ReqContext(req_id, tenant=tenant, prefix_keys=lambda: list(keys))
+        out = []
+        for k in keys:
+            result = self.tier.lookup(k, ctx)
+            out.append(result.name)
+            if result is not LookupResult.HIT:
+                break
+        self.tier.on_schedule_end()
+        return out
+
+    def store(self, keys: list[bytes]) -> bool:
+        from raykv.engine.tier_driver import TierDriver
+
+        return TierDriver(self.tier).store(keys, list(range(len(keys)))).success
+
+    def decisions(self) -> dict[str, int]:
+        rule = self.tier._pending
+        return dict(rule.book.counts) if rule is not None else {}
+
+    def close(self) -> None:
+        self.tier.shutdown()
+        self.region.close()
+
+
+def _settled(engine, keys: list[bytes], req_id: str, timeout_s: float = 30.0, **kw) -> tuple[list[str], float]:
+    """Step ``req_id`` until its lookups stop answering RETRY; (last answers, seconds it took)."""
+    t0 = time.monotonic()
+    last: list[list[str]] = []
+
+    def settled() -> bool:
+        last.append(ray.get(engine.step.remote(keys, req_id, **kw)))
+        return last[-1][-1] != "RETRY"
+
+    wait_until(settled, timeout_s=timeout_s, what=f"{req_id}'s lookups to settle", interval_s=0.02)
+    return last[-1], time.monotonic() - t0
+
+
+def _pending_holders(services, keys: list[bytes], identity: KVIdentity = DEFAULT_IDENTITY) -> list[list[str]]:
+    """Per key, the holders of its pending entry (as the directory lists them)."""
+    found = services.directory.lookup([pending_key(k) for k in scoped_keys(keys, identity)])
+    return [[h.holder_id for h in hs if h.medium == PENDING] for hs in found]
+
+
+@pytest.fixture(scope="module")
+def services(ray_local):
+    services = raykv.start(
+        {"namespace": "raykv-pending", "directory_shards": 2, "pending_entries": True, "pending_max_wait_ms": 60_000}
+    )
+    yield services
+    services.shutdown()
+
+
+def test_a_second_engine_waits_for_the_first_and_loads(services) -> None:
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(6 * 16)), 16)
+    try:
+        answers, _ = _settled(a, keys, "a-1")
+        assert answers == ["MISS"]  # nobody holds it: a computes it, and says so
+        wait_until(
+            lambda: all(_pending_holders(services, keys)),
+            timeout_s=10,
+            what="a's pending entries in the directory",
+        )
+        for _ in range(5):  # while a computes, b waits
+            assert ray.get(b.step.remote(keys, "b-1")) == ["RETRY"]
+        assert ray.get(b.decisions.remote())["wait"] == 1
+        assert ray.get(a.store.remote(keys))  # a's blocks are computed and stored
+        answers, _ = _settled(b, keys, "b-1")
+        assert answers == ["HIT"] * 6
+        got = ray.get(b.decisions.remote())
+        assert got["loaded"] == 1 and got["gave_up"] == 0 and got["announce"] == 0
+        assert ray.get(a.decisions.remote())["announce"] == 1
+        wait_until(
+            lambda: not any(_pending_holders(services, keys)),
+            timeout_s=10,
+            what="a's pending entries to end once stored",
+        )
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_another_model_or_tenant_never_waits_for_them(services) -> None:
+    a = Engine.remote("raykv-pending")
+    other_model = Engine.remote("raykv-pending", model="another-model")
+    keys = prefix_keys(list(range(50_000, 50_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-2")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert _settled(other_model, keys, "m-1")[0] == ["MISS"]
+        assert ray.get(other_model.decisions.remote())["wait"] == 0
+        b = Engine.remote("raykv-pending")
+        assert _settled(b, keys, "b-2", tenant="tenant-b")[0] == ["MISS"]
+        assert ray.get(b.decisions.remote())["wait"] == 0
+        ray.get(b.close.remote())
+    finally:
+        ray.get([a.close.remote(), other_model.close.remote()])
+
+
+def test_a_computing_engine_that_dies_costs_waiters_no_more_than_its_death(services) -> None:
+    """The deadline is a minute; the computing engine is killed: its pending holder
+    dies with it, the directory drops its entries, and the waiter computes."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(60_000, 60_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-3")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert ray.get(b.step.remote(keys, "b-3")) == ["RETRY"]
+        ray.kill(a, no_restart=True)
+        answers, took = _settled(b, keys, "b-3", timeout_s=30)
+        assert answers == ["MISS"] and took < 20, (answers, took)
+        assert ray.get(b.decisions.remote())["gave_up"] == 1
+    finally:
+        ray.get(b.close.remote())
+
+
+def test_an_entry_ends_at_its_deadline(ray_local) -> None:
+    services = raykv.start(
+        {
+            "namespace": "raykv-pending-deadline",
+            "directory_shards": 2,
+            "pending_entries": True,
+            "pending_max_wait_ms": 2000,
+        }
+    )
+    a, b = Engine.remote("raykv-pending-deadline"), Engine.remote("raykv-pending-deadline")
+    keys = prefix_keys(list(range(70_000, 70_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-4")[0] == ["MISS"]  # a announces, and never stores
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        answers, took = _settled(b, keys, "b-4")
+        assert answers == ["MISS"] and took < 8, (answers, took)
+        assert ray.get(b.decisions.remote())["gave_up"] == 1
+        wait_until(
+            lambda: not any(_pending_holders(services, keys)), timeout_s=5, what="a's entries to pass their deadline"
+        )
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+        services.shutdown()
