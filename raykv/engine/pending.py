@@ -52,6 +52,8 @@ WAIT_SLACK_S = 0.25
 #: How long a waiter still waits for a block whose pending entry ended without it in view:
 #: its registration travels through another shard's feed (replica lag p99 under 0.1 s).
 REGISTER_GRACE_S = 0.5
+#: How many of a request's next blocks a lookup checks for other engines' pending entries.
+SCAN_BLOCKS = 64
 #: An announcement's deadline: this many times the compute estimate plus ``WAIT_SLACK_S``.
 DEADLINE_FACTOR = 2.0
 #: A request may wait this share of its own compute time for the directory's answers (at
@@ -258,8 +260,7 @@ class ComputeOnce:
             return result  # another tier of this process loads it: not a miss of the process
         now = time.monotonic()
         if not req_context.pending_wait_ended:
-            pending = self._answers.get(pending_key(key))
-            computing = pending is not None and book.computing(pending, book.is_mine)
+            computing = self._computing(key, req_context)
             if req_context.pending_wait_until is None and computing:
                 blocks = request_blocks(req_context)
                 wait_s = book.decide(blocks)
@@ -291,6 +292,25 @@ class ComputeOnce:
             req_context.pending_wait_ended = True
         self.announce(key, req_context)
         return result
+
+    def _computing(self, key: bytes, req_context: ReqContext) -> bool:
+        """Whether another engine has ``key``, or one of the request's next blocks
+        (up to ``SCAN_BLOCKS``), pending. The later ones count: an engine storing a
+        prefix block by block ends ``key``'s entry before this node's view shows the
+        block registered (another shard's feed), while the rest are still pending."""
+        book = self.book
+        pending = self._answers.get(pending_key(key))
+        if pending is not None and book.computing(pending, book.is_mine):
+            return True
+        scoped = self._scoped_prefix(req_context)
+        if key not in scoped:
+            return False
+        start = scoped.index(key) + 1
+        for k in scoped[start : start + SCAN_BLOCKS]:
+            pending = self._answers.get(pending_key(k))
+            if pending is not None and book.computing(pending, book.is_mine):
+                return True
+        return False
 
     def announce(self, key: bytes, req_context: ReqContext) -> None:
         """The request computes ``key``: list it and the request's later keys nobody

@@ -113,6 +113,10 @@ class Engine:
 
         return TierDriver(self.tier).store(keys, list(range(len(keys)))).success
 
+    def end_entries(self, keys: list[bytes]) -> None:
+        """End this engine's pending entries of ``keys`` as a store of them would, storing nothing."""
+        self.tier._pending.book.stored([self.tier.scope(k) for k in keys])
+
     def decisions(self) -> dict[str, int]:
         rule = self.tier._pending
         return dict(rule.book.counts) if rule is not None else {}
@@ -175,6 +179,27 @@ def test_a_second_engine_waits_for_the_first_and_loads(services) -> None:
             timeout_s=10,
             what="a's pending entries to end once stored",
         )
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_a_request_waits_while_its_later_blocks_are_pending(services) -> None:
+    """A's entry for the first block has ended (its store lands block by block; this
+    node may not see the block yet) while the rest are pending: B still waits."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(40_000, 40_000 + 5 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-5")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        ray.get(a.end_entries.remote(keys[:1]))
+        wait_until(
+            lambda: _pending_holders(services, keys)[0] == [], timeout_s=10, what="the first block's entry to end"
+        )
+        for _ in range(5):
+            assert ray.get(b.step.remote(keys, "b-5")) == ["RETRY"]
+        assert ray.get(a.store.remote(keys))
+        assert _settled(b, keys, "b-5")[0] == ["HIT"] * 5
+        assert ray.get(b.decisions.remote())["loaded"] == 1
     finally:
         ray.get([a.close.remote(), b.close.remote()])
 
