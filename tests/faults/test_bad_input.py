@@ -672,6 +672,10 @@ def _failing_inits(tmp_path) -> dict[str, tuple]:
             HolderInfo("engine:x:1", "engine", "engine", "e", "n"),
             "raykv-test",
         ),
+        "PendingActor": (  # no running event loop here either
+            HolderInfo("pending:x:1", "pending", "pending", "p", "n"),
+            "raykv-test",
+        ),
         "EngineReplica": ("", None, {}),
     }
 
