@@ -15,14 +15,13 @@ to the replica that already holds its prefix (``raykv.serve.routing``).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 
 import ray
 
 from raykv.core.wire import ENGINE, HolderInfo, Report
-from raykv.holders.holder_actor import HolderActor
+from raykv.holders.holder_actor import HolderActor, process_holder_info
 
 TIER_TYPE = "engine"
 #: The group index of engine keys (vLLM's KV-cache groups count from 0).
@@ -48,9 +47,7 @@ def engine_keys(tag: bytes, block_hashes: Iterable[bytes | int]) -> list[bytes]:
 
 def holder_info(namespace: str, node_id: str, owner: str | None, pid: int | None = None) -> HolderInfo:
     """The directory holder of the engine process ``pid`` (default: this one)."""
-    pid = os.getpid() if pid is None else pid
-    name = f"raykv-engine-{node_id[:12]}-{pid}"
-    return HolderInfo(f"{TIER_TYPE}:{node_id}:{pid}", TIER_TYPE, ENGINE, name, namespace, node_id, owner)
+    return process_holder_info(TIER_TYPE, ENGINE, namespace, node_id, owner, pid)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -319,6 +320,16 @@ def _per_shard_counts(keys: list[bytes], num_shards: int) -> list[int]:
     if ids is None:
         ids = np.fromiter((shard_of(k, num_shards) for k in keys), dtype=np.int64, count=len(keys))
     return np.bincount(ids.astype(np.int64, copy=False), minlength=num_shards).tolist()
+
+
+def process_holder_info(
+    tier_type: str, medium: str, namespace: str, node_id: str, owner: str | None, pid: int | None = None
+) -> HolderInfo:
+    """The holder of what one engine process ``pid`` (default: this one) lists itself
+    (its own cache, its pending entries): named by its kind, node and pid."""
+    pid = os.getpid() if pid is None else pid
+    name = f"raykv-{tier_type}-{node_id[:12]}-{pid}"
+    return HolderInfo(f"{tier_type}:{node_id}:{pid}", tier_type, medium, name, namespace, node_id, owner)
 
 
 def start_on_node(actor_cls: type, name: str, node_id: str, namespace: str, *args: object) -> ActorHandle:

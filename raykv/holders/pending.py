@@ -18,13 +18,12 @@ names it, and no tier reads that medium.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import ray
 
 from raykv.core.wire import PENDING, HolderInfo, Report
-from raykv.holders.holder_actor import HolderActor
+from raykv.holders.holder_actor import HolderActor, process_holder_info
 
 TIER_TYPE = "pending"
 #: Longest pause between two deadline sweeps (a sweep also runs at the soonest deadline).
@@ -33,9 +32,7 @@ SWEEP_S = 0.05
 
 def holder_info(namespace: str, node_id: str, owner: str | None, pid: int | None = None) -> HolderInfo:
     """The directory holder of the pending entries of engine process ``pid`` (default: this one)."""
-    pid = os.getpid() if pid is None else pid
-    name = f"raykv-pending-{node_id[:12]}-{pid}"
-    return HolderInfo(f"{TIER_TYPE}:{node_id}:{pid}", TIER_TYPE, PENDING, name, namespace, node_id, owner)
+    return process_holder_info(TIER_TYPE, PENDING, namespace, node_id, owner, pid)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
