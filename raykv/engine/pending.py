@@ -31,7 +31,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import cast
 
-import ray
 from ray.actor import ActorClass, ActorHandle
 
 from raykv.core.contract import LookupResult, ReqContext
@@ -203,17 +202,7 @@ class PendingBook:
                     self._start_actor = False
         return self._actor
 
-    def close(self) -> None:
-        """Drop the actor (its entries leave the directory with it)."""
-        actor, self._actor = self._actor, None
-        if actor is not None:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
 
-
-#: One book per ``RaykvServices`` (a process attaches once per namespace and Ray session).
 def request_blocks(req_context: ReqContext) -> int:
     """Blocks of the request's prompt, as the engine lists them (1 when it does not say)."""
     if req_context.prefix_keys is None:
@@ -325,6 +314,7 @@ class ComputeOnce:
         self.book.announce(keys)
 
 
+#: One book per ``RaykvServices`` (a process attaches once per namespace and Ray session).
 _books: weakref.WeakKeyDictionary[RaykvServices, PendingBook] = weakref.WeakKeyDictionary()
 _books_lock = threading.Lock()
 
