@@ -7,8 +7,9 @@ import os
 import platform
 import statistics
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, TypedDict, final
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol, TypedDict, TypeVar, final
 
 from raykv.core.wire import JsonValue, Report
 
@@ -31,6 +32,24 @@ def percentile(xs: Sequence[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
     return float(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+
+
+T = TypeVar("T")
+
+
+def read_settled(read: Callable[[], T], settle_s: float, timeout_s: float, min_wait_s: float = 0.0) -> T:
+    """``read()`` again every ``settle_s`` until two reads in a row agree, ``min_wait_s``
+    after the first at least (figures Ray exports every few seconds, which may be 0);
+    the last read when they have not agreed within ``timeout_s``."""
+    start = time.monotonic()
+    last = read()
+    while time.monotonic() - start < timeout_s:
+        time.sleep(settle_s)
+        now = read()
+        if now == last and time.monotonic() - start >= min_wait_s:
+            return now
+        last = now
+    return last
 
 
 def gbps(nbytes: float, seconds: float) -> float:

@@ -71,19 +71,32 @@ HELP = "real vLLM replicas round-robin: hit rate, TTFT and throughput for no off
 NAMESPACE = "raykv-bench-e2e"
 ENGINE_BLOCKS = 16
 PRIMARY_CHUNKS = deployment_primary_chunks(ENGINE_BLOCKS)
-CONFIGS = ("engine_hit", "no_offload", "cpu_offload", "vllm_fs", "raykv", "raykv_no_wait", "raykv_fs")
+CONFIGS = (
+    "engine_hit",
+    "no_offload",
+    "cpu_offload",
+    "vllm_fs",
+    "raykv",
+    "raykv_no_wait",
+    "raykv_fs",
+    "raykv_pending",
+    "raykv_no_pending",
+)
 #: raykv's configs: its defaults; ``lookup_wait_ms=0`` (a request's first
 #: lookup never waits for the directory: its answers come one step later); and
-#: the fs tier alone (each block stored once, as under ``vllm_fs``).
+#: the fs tier alone (each block stored once, as under ``vllm_fs``); pending entries
+#: on and off (compute once: a trace without shared in-flight prefixes is no slower).
 RAYKV_SETTINGS: dict[str, dict[str, JsonValue]] = {
     "raykv": {},
     "raykv_no_wait": {"lookup_wait_ms": 0.0},
     "raykv_fs": {},
+    "raykv_pending": {"pending_entries": True},
+    "raykv_no_pending": {"pending_entries": False},
 }
 #: The tiers of each raykv config (default: object_store, then fs).
 RAYKV_TIERS: dict[str, tuple[str, ...]] = {"raykv_fs": ("fs",)}
-#: The default run leaves ``raykv_fs`` out (``--configs`` names it).
-DEFAULT_CONFIGS = CONFIGS[:-1]
+#: The default run leaves ``raykv_fs`` and the pending on / off pair out (``--configs`` names them).
+DEFAULT_CONFIGS = CONFIGS[:6]
 HIT_PREFIX_TOKENS = 1024
 PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
 
@@ -445,6 +458,18 @@ def _targets(r: Report) -> JsonValue:
                     detail=f"{ours:.1f} vs {fs:.1f} ms",
                 )
             )
+    on = number(section(cfg.get("raykv_pending")).get("ttft_p50_ms"))
+    off = number(section(cfg.get("raykv_no_pending")).get("ttft_p50_ms"))
+    if on and off:  # issue 25: compute once costs a trace without shared in-flight prefixes nothing
+        out.append(
+            target(
+                "TTFT p50 pending entries on / off",
+                on / off,
+                1.05,
+                higher_is_better=False,
+                detail=f"{on:.1f} vs {off:.1f} ms",
+            )
+        )
     floor = section(r.get("floor_ratio"))
     if number(floor.get("probe_to_engine_hit")) is not None:
         probes = section(r["prefix_probes"])

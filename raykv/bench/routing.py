@@ -48,6 +48,7 @@ from raykv.bench.common import (
     names_option,
     number,
     percentile,
+    read_settled,
     section,
     table,
     target,
@@ -438,15 +439,7 @@ def cascade_drops(namespace: str, min_wait_s: float = 2 * METRICS_SETTLE_S, time
             if n == "ray_raykv_cascade_dropped_blocks_total" and labels.get("namespace") == namespace
         )
 
-    start = time.monotonic()
-    last = read()
-    while time.monotonic() - start < timeout_s:
-        time.sleep(METRICS_SETTLE_S)
-        now = read()
-        if now == last and time.monotonic() - start >= min_wait_s:
-            break
-        last = now
-    return int(last)
+    return int(read_settled(read, METRICS_SETTLE_S, timeout_s, min_wait_s))
 
 
 def _router_cost_ms(before: RouterTotals, after: RouterTotals | None = None) -> tuple[float | None, dict[str, float]]:
@@ -551,13 +544,18 @@ class EngineWatch:
             time.sleep(0.05)
 
 
-def _complete(prompt: str, max_tokens: int = 1) -> tuple[Usage, float]:
-    """One completion: its usage and its latency in seconds."""
+def complete(prompt: str | list[int], max_tokens: int = 1, timeout_s: float = REQUEST_TIMEOUT_S) -> tuple[Usage, float]:
+    """One completion of a text or token-id prompt: its usage and its latency in seconds."""
     import requests
 
-    body: dict[str, JsonValue] = {"model": MODEL_ID, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    body: dict[str, JsonValue] = {
+        "model": MODEL_ID,
+        "prompt": prompt if isinstance(prompt, str) else list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+    }
     t0 = time.perf_counter()
-    r = requests.post(URL, json=body, timeout=REQUEST_TIMEOUT_S)
+    r = requests.post(URL, json=body, timeout=timeout_s)
     seconds = time.perf_counter() - t0
     r.raise_for_status()
     return usage_of(section(as_json(r.json())).get("usage")), seconds
@@ -569,7 +567,7 @@ def _warm_up(replicas: int) -> None:
 
     def one(prompt: str) -> None:
         try:
-            _complete(prompt)
+            complete(prompt)
         except Exception as e:  # noqa: BLE001 - re-raised below
             failures.append(e)
 
@@ -603,7 +601,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
             for prompt, tokens in zip(session.turns, session.tokens):
                 before = watch.leading(tokens)
                 try:
-                    usage, seconds = _complete(prompt)
+                    usage, seconds = complete(prompt)
                 except Exception:  # noqa: BLE001 - counted; the session goes on
                     with lock:
                         failed.append(session.index)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -60,6 +61,9 @@ class ReqContext:
     kv_transfer_params: Mapping[str, object] | None = None
     tenant: str | None = None
     cache_salt: str | None = None
+    #: Seconds to pin the request's blocks in the tiers past LRU
+    #: (``kv_transfer_params['cache_ttl_s']``; ``raykv.core.pins``). None: unpinned.
+    cache_ttl_s: float | None = field(default=None, compare=False)
     #: The request's offload keys in prefix order, when the engine knows them
     #: (vLLM records them before its lookups): directory-backed tiers resolve
     #: them in one call at the request's first lookup.
@@ -86,6 +90,11 @@ class ReqContext:
     pending_loaded: bool = field(default=False, repr=False, compare=False)
     #: When the entries it waits for were first seen gone without their blocks (monotonic s).
     pending_gone_at: float | None = field(default=None, repr=False, compare=False)
+    #: The scoped keys it announced; its claim on the first of them (the shard's
+    #: answer: other engines that claimed it first), and how long it waits for it.
+    pending_keys: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
+    pending_claim: Future[int] | None = field(default=None, repr=False, compare=False)
+    pending_claim_until: float | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass

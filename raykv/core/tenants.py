@@ -15,8 +15,10 @@ Eviction under quotas (``TenantLRU``), for a store of ``n`` bytes by tenant T:
    oldest block. A block of another tenant within its quota is never evicted:
    if nothing else is left the store fails instead.
 
-Each tenant keeps its own LRU order; with no quotas configured the tiers keep
-their plain LRU and only count bytes per tenant.
+Each tenant keeps its own LRU order; with no quotas (and no pins) the tiers
+keep their plain LRU and only count bytes per tenant. Pinned keys
+(``raykv.core.pins``: ``kv_transfer_params["cache_ttl_s"]``) are never victims
+until their pin expires; their bytes count against their tenant's quota.
 
 Isolation (``TenantSharing``): a tenant named by a label
 (``kv_transfer_params["tenant"]`` or ``ReqContext.tenant``) also scopes the
@@ -46,13 +48,16 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from raykv.core.fields import opt
+from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION, TENANT_QUOTA, TIER_CAP, Pin, PinOutcome, PinTable, Unpin
 from raykv.core.units import fmt_bytes
 from raykv.core.validate import ConfigError, request_params, request_tenant_value, type_name
+from raykv.core.wire import Report
 
 
 class TenantRequest(Protocol):
@@ -236,11 +241,25 @@ def fmt_tenants(by_tenant: Mapping[str, int]) -> str:
 
 
 class TenantLRU:
-    """Keys per tenant in LRU order, bytes per tenant, and the victims quotas allow."""
+    """Keys per tenant in LRU order, bytes per tenant, pins, and the victims quotas and pins allow.
 
-    def __init__(self, quotas: Mapping[str, int] | None = None) -> None:
+    Pinned keys (``raykv.core.pins``) wait outside the LRU order, so no victim
+    is ever a pinned key; an expired or dropped pin puts its key back where its
+    last use puts it. ``max_pinned_fraction`` caps the pinned bytes at that
+    share of the capacity a ``pin`` call names, and a tenant's pinned bytes at
+    that share of its quota. ``clock`` (monotonic seconds) times the pins.
+    """
+
+    def __init__(
+        self,
+        quotas: Mapping[str, int] | None = None,
+        max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.quotas = dict(quotas or {})
-        self._lru: dict[str, OrderedDict[bytes, int]] = {}  # tenant -> key -> last-use stamp
+        self.max_pinned_fraction = float(max_pinned_fraction)
+        self.pins = PinTable(clock)
+        self._lru: dict[str, OrderedDict[bytes, int]] = {}  # tenant -> unpinned key -> last-use stamp
         self._owner: dict[bytes, tuple[str, int]] = {}  # key -> (tenant, bytes)
         self._bytes: dict[str, int] = {}
         self._clock = itertools.count()
@@ -252,6 +271,7 @@ class TenantLRU:
         return self.quotas.get(tenant, self.quotas.get(EVERY_TENANT))
 
     def used(self, tenant: str) -> int:
+        """Bytes ``tenant`` holds, pinned ones included."""
         return self._bytes.get(tenant, 0)
 
     def bytes_by_tenant(self) -> dict[str, int]:
@@ -270,6 +290,11 @@ class TenantLRU:
         else:
             self._bytes[tenant] = self._bytes.get(tenant, 0) + nbytes
         self._owner[key] = (tenant, nbytes)
+        pin = self.pins.get(key)
+        if pin is not None:
+            pin.stamp = next(self._clock)
+            self.pins.resize(key, nbytes)
+            return
         lru = self._lru.setdefault(tenant, OrderedDict())
         lru[key] = next(self._clock)
         lru.move_to_end(key)
@@ -277,34 +302,132 @@ class TenantLRU:
     def touch(self, keys: Iterable[bytes]) -> None:
         for key in keys:
             owner = self._owner.get(key)
-            if owner is not None:
+            if owner is None:
+                continue
+            pin = self.pins.get(key)
+            if pin is not None:
+                pin.stamp = next(self._clock)
+            else:
                 lru = self._lru[owner[0]]
                 lru[key] = next(self._clock)
                 lru.move_to_end(key)
 
     def discard(self, key: bytes) -> None:
         owner = self._owner.pop(key, None)
-        if owner is not None:
-            tenant, nbytes = owner
-            self._bytes[tenant] -= nbytes
+        if owner is None:
+            return
+        tenant, nbytes = owner
+        self._bytes[tenant] -= nbytes
+        if self.pins.pop(key) is None:
             lru = self._lru[tenant]
             del lru[key]
             if not lru:
-                del self._lru[tenant], self._bytes[tenant]
+                del self._lru[tenant]
+        if tenant not in self._lru and not self.pins.holds_tenant(tenant):
+            del self._bytes[tenant]
 
+    # -- pins --------------------------------------------------------------------
+    def pin(self, groups: Iterable[Sequence[bytes]], ttl_s: float, capacity: int) -> PinOutcome:
+        """Pin each group of held keys for ``ttl_s`` seconds from now (keys
+        pinned already: until the later deadline). A group is pinned whole or
+        refused whole (its new bytes would take the pins over
+        ``max_pinned_fraction`` of ``capacity`` (0: no cap), or a tenant's
+        pinned bytes over that share of its quota); a refused key stays held,
+        unpinned."""
+        self.expire()
+        out = PinOutcome()
+        deadline = self.pins.clock() + ttl_s
+        cap = self.max_pinned_fraction * capacity if capacity > 0 else None
+        for group in groups:
+            held = [k for k in dict.fromkeys(group) if k in self._owner]
+            extra: dict[str, int] = {}
+            for k in held:
+                if k not in self.pins:
+                    t, n = self._owner[k]
+                    extra[t] = extra.get(t, 0) + n
+            why = self._refusal(extra, cap)
+            if why is not None:
+                out.refused[why] = out.refused.get(why, 0) + sum(1 for k in held if k not in self.pins)
+                held = [k for k in held if k in self.pins]  # extended all the same
+            for k in held:
+                if k in self.pins:
+                    self.pins.extend(k, deadline)
+                    continue
+                t, n = self._owner[k]
+                lru = self._lru[t]
+                stamp = lru.pop(k)
+                if not lru:
+                    del self._lru[t]
+                self.pins.add(k, Pin(t, n, deadline, stamp))
+            out.pinned += len(held)
+        return out
+
+    def _refusal(self, extra: Mapping[str, int], cap: float | None) -> str | None:
+        """Why pinning ``extra`` more bytes per tenant is refused, or None."""
+        if cap is not None and self.pins.total + sum(extra.values()) > cap:
+            return TIER_CAP
+        for t, n in extra.items():
+            quota = self.quota(t)
+            if quota is not None and self.pins.used(t) + n > self.max_pinned_fraction * quota:
+                return TENANT_QUOTA
+        return None
+
+    def expire(self) -> int:
+        """Unpin every key whose pin expired (each back in LRU by its last use); how many."""
+        return self._release(self.pins.expired())
+
+    def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names (the keys stay, under LRU); how many."""
+        self.expire()
+        return self._release([(k, p) for k in self.pins.select(which) if (p := self.pins.pop(k)) is not None])
+
+    def _release(self, released: Sequence[tuple[bytes, Pin]]) -> int:
+        tenants = set()
+        for key, pin in released:
+            self._lru.setdefault(pin.tenant, OrderedDict())[key] = pin.stamp
+            tenants.add(pin.tenant)
+        for t in tenants:
+            self._lru[t] = OrderedDict(sorted(self._lru[t].items(), key=lambda kv: kv[1]))
+        return len(released)
+
+    def pin_report(self) -> Report:
+        """Pinned blocks and bytes, pinned bytes per tenant and the soonest expiries (for tier stats)."""
+        self.expire()
+        return {
+            "pinned_blocks": len(self.pins),
+            "pinned_bytes": self.pins.total,
+            "tenant_pinned_bytes": {**self.pins.bytes_by_tenant()},
+            "max_pinned_fraction": self.max_pinned_fraction,
+            "pin_expiries": self.pins.soonest(),
+        }
+
+    # -- victims -----------------------------------------------------------------
     def _over(self, tenant: str, extra: int = 0) -> bool:
         quota = self.quota(tenant)
         return quota is not None and self.used(tenant) + extra > quota
 
+    def fits(self, tenant: str, nbytes: int) -> bool:
+        """Whether ``nbytes`` more stay within ``tenant``'s quota (pinned bytes count)."""
+        return not self._over(tenant, nbytes)
+
     def own_victim(self, tenant: str, nbytes: int) -> bytes | None:
-        """``tenant``'s oldest key while it holds more than its quota leaves room for ``nbytes``."""
+        """``tenant``'s oldest unpinned key while it holds more than its quota leaves room for ``nbytes``."""
+        self.expire()
         lru = self._lru.get(tenant)
         if lru and self._over(tenant, nbytes):
             return next(iter(lru))
         return None
 
+    def oldest(self) -> bytes | None:
+        """The oldest unpinned key of any tenant (quotas aside), or None."""
+        self.expire()
+        firsts = [next(iter(lru.items())) for lru in self._lru.values() if lru]
+        return min(firsts, key=lambda kv: kv[1])[0] if firsts else None
+
     def shared_victim(self, tenant: str | None) -> bytes | None:
-        """The oldest key of a tenant with no quota or over it; else ``tenant``'s own oldest; else None."""
+        """The oldest unpinned key of a tenant with no quota or over it; else
+        ``tenant``'s own oldest unpinned; else None."""
+        self.expire()
         best: tuple[int, bytes] | None = None
         for t, lru in self._lru.items():
             if not lru or not (self.quota(t) is None or self._over(t)):

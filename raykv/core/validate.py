@@ -214,6 +214,42 @@ def request_tenant_value(value: object) -> str | None:
     return None
 
 
+#: Longest ``kv_transfer_params['cache_ttl_s']`` raykv keeps (7 days): a larger one is capped to it.
+MAX_CACHE_TTL_S = 7 * 24 * 3600.0
+
+
+def request_ttl_value(value: object) -> float | None:
+    """``kv_transfer_params['cache_ttl_s']`` as seconds to pin a request's blocks, or None.
+
+    Like a malformed ``tenant``, a malformed TTL never fails the request: a
+    value that is not a finite number > 0 (a str, a bool, NaN, 0, -5) is
+    ignored with one warning per kind of value, and the blocks are cached
+    unpinned. A TTL above ``MAX_CACHE_TTL_S`` (7 days) is capped to it.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        warn_once(
+            f"cache_ttl_s:{type_name(value)}",
+            f"ignoring kv_transfer_params['cache_ttl_s'] of type {type_name(value)} (a number of seconds > 0)",
+        )
+        return None
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds <= 0:
+        warn_once(
+            "cache_ttl_s:range",
+            f"ignoring kv_transfer_params['cache_ttl_s']={seconds!r} (a finite number of seconds > 0)",
+        )
+        return None
+    if seconds > MAX_CACHE_TTL_S:
+        warn_once(
+            "cache_ttl_s:max",
+            f"kv_transfer_params['cache_ttl_s']={seconds!r} capped to {MAX_CACHE_TTL_S:.0f} s (7 days)",
+        )
+        return MAX_CACHE_TTL_S
+    return seconds
+
+
 def _short(value: object, limit: int = 60) -> str:
     try:
         text = repr(value)

@@ -149,6 +149,7 @@ class EngineReplica:
         rtt = self._lookup_rtt_s()
         if rtt is not None:
             out["rtt_ms"] = rtt * 1000
+        out.update(self._pending_decisions())
         return out
 
     def raykv_step_cost(self) -> dict[str, float | None]:
@@ -163,6 +164,17 @@ class EngineReplica:
         """Blocks this engine computed that never reached its CPU primary (it was full), so
         no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""
         return int(sum(_value(m) for m in self.llm.get_metrics() if m.name == "vllm:raykv_cascade_dropped_blocks"))
+
+    def _pending_decisions(self) -> dict[str, float]:
+        """This process's compute-once decisions (``pending_<decision>``; none when pending entries are off)."""
+        from raykv.engine.pending import decisions_so_far
+        from raykv.services.cluster import attached_services
+
+        out: dict[str, float] = {}
+        for services in attached_services():
+            for decision, n in decisions_so_far(services).items():
+                out[f"pending_{decision}"] = out.get(f"pending_{decision}", 0.0) + n
+        return out
 
     def _lookup_rtt_s(self) -> float | None:
         """The smoothed directory round trip this process's engine measured (in-process engine only)."""

@@ -152,6 +152,12 @@ class DirectoryClient:
             if len(pos)
         ]
 
+    def claim(self, holder_id: str, key: bytes) -> ray.ObjectRef[int]:
+        """Register ``key`` for ``holder_id`` at its shard, straight (no agent window);
+        the answer: how many other holders listed it first (``DirectoryShardImpl.claim``)."""
+        fps, shards = fingerprints_and_shards([key], len(key), len(self.shards))
+        return self.shards[int(shards[0])].claim.remote(holder_id, to_blob(fps))
+
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         return [
             self.shards[i].unregister.remote(holder_id, blob)
@@ -323,8 +329,11 @@ class LookupCache:
                     del self._queued[next(iter(self._queued))]
 
     def has_pending(self) -> bool:
-        with self._lock:
-            return bool(self._queued or self._pending)
+        """Whether keys wait to be sent or a sent lookup's answer has not come back
+        (answers that came back are taken in: an idle engine stops stepping then)."""
+        if self._pending and not self._queued:
+            self._absorb()
+        return bool(self._queued or self._pending)
 
     def flush(self) -> None:
         """Send every queued key in one batched lookup (one call per shard)."""
@@ -370,6 +379,10 @@ class LookupCache:
     def poll(self) -> None:
         """Absorb finished lookups without blocking (tiers call it at each lookup)."""
         self._looked = True
+        self._absorb()
+
+    def _absorb(self) -> None:
+        """Take in the answers of finished (or timed-out) lookups, without blocking."""
         with self._lock:
             pending = list(self._pending)
         for p in pending:

@@ -165,6 +165,21 @@ class DirectoryShardImpl:
             self.feed.append(FeedOp.REGISTER, holder_id, to_blob(fps[fresh]))
         return len(pos)
 
+    def claim(self, holder_id: str, key: Keys) -> int:
+        """Register ``key`` (one key) for ``holder_id`` and return how many other
+        holders listed it before: 0 means ``holder_id`` came first (compute once:
+        the first engine to claim a pending key computes its block). -1: the
+        holder is not known here, nothing registered."""
+        slot = self._slot_of.get(holder_id)
+        if slot is None:
+            return -1
+        fps = distinct(from_blob(key))
+        pos = self._table.find(fps)
+        ids = [int(self._table.values[p]) for p in pos if p >= 0]
+        before = set().union(*(self._sets.slots(i) for i in ids if i))
+        self.register(holder_id, fps)
+        return len(before - {slot})
+
     def sync_holder(self, holder_id: str, keys: Keys) -> tuple[int, int]:
         """Make ``holder_id``'s keys here exactly ``keys`` (a holder repairing
         drift): returns (keys added, keys removed)."""
@@ -388,6 +403,15 @@ class DirectoryShard:
         self._impl.calls["register"] += 1
         try:
             return self._impl.register(holder_id, keys)
+        finally:
+            self._notify()
+
+    async def claim(self, holder_id: str, key: Keys) -> int:
+        """``DirectoryShardImpl.claim``: register one key, and say who listed it first."""
+        await self._ready_to_answer()
+        self._impl.calls["claim"] += 1
+        try:
+            return self._impl.claim(holder_id, key)
         finally:
             self._notify()
 

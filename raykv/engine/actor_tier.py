@@ -169,12 +169,13 @@ class DirectoryBackedTier(SecondaryTier):
         if holders is None:
             self._cache.request(key)  # asked anyway: the answer serves later requests
             if req_context is not None:
-                if self._retry_budget_spent(req_context):
-                    self.metrics.retry_budget_miss()
-                    self.metrics.lookup(LookupResult.MISS)
-                    if self._pending is not None:  # it computes them, unknown or not
-                        self._pending.announce(key, req_context)
-                    return LookupResult.MISS
+                pending = self._pending
+                held_back = pending is not None and pending.held_back(req_context)
+                if held_back or self._retry_budget_spent(req_context):
+                    # it computes them, unknown or not: unless another engine claimed them first
+                    if pending is None or not pending.unknown(key, req_context):
+                        self.metrics.lookup(LookupResult.MISS)
+                        return LookupResult.MISS
                 req_context.retries += 1
             self.metrics.lookup(LookupResult.RETRY)
             return LookupResult.RETRY
@@ -200,31 +201,29 @@ class DirectoryBackedTier(SecondaryTier):
             return []
 
     def _retry_budget_spent(self, req_context: ReqContext) -> bool:
-        """Whether ``req_context``'s request has been held back by RETRY for
-        ``lookup_retry_budget_ms`` (its own ``retry_budget_s`` when set): since
-        the first of its RETRYs in consecutive lookup rounds. A round in which
-        it got none (all its keys answered, or it was not looked up) ends the
-        run, so a request that waits in the queue for other reasons, or comes
-        back after a preemption, gets its budget again."""
+        """Whether the request has been held back by RETRY for ``lookup_retry_budget_ms`` (its
+        own ``retry_budget_s`` when set) since its first RETRY in consecutive lookup rounds (a
+        round without one ends the run: a request queued for other reasons, or back after a
+        preemption, gets its budget again). Spent: counted (``retry_budget_miss``)."""
         budget = req_context.retry_budget_s
         if budget is None:
             budget = self._retry_budget_s
-            if self._pending is not None and self._pending.book.compute_s_per_block is not None:
+            if self._pending is not None:  # (0 while its compute time is not measured)
                 budget = max(budget, self._pending.book.answer_budget_s(request_blocks(req_context)))
         now = time.monotonic()
         current = self._cache.round
         if req_context.retry_since is None or req_context.retry_round < current - 1:
             req_context.retry_since = now
         req_context.retry_round = current
-        return now - req_context.retry_since >= budget
+        spent = now - req_context.retry_since >= budget
+        if spent:
+            self.metrics.retry_budget_miss()
+        return spent
 
     def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:
-        """At a request's first unknown key: look up its whole prefix (or this
-        key) in one directory call, so one step later every key of it is
-        known. Wait for the answer up to ``lookup_wait_ms`` while this
-        process's directory round trips fit in it (``RoundTrips.wait_budget``),
-        so that HIT and MISS are answered in the step that asked. True when
-        answered now."""
+        """At a request's first unknown key: look up its whole prefix (or this key) in one
+        directory call, waiting up to ``lookup_wait_ms`` while this process's round trips fit
+        in it (``RoundTrips.wait_budget``): HIT and MISS in the step that asked. True: answered now."""
         if req_context.prefix_resolved:
             return False
         req_context.prefix_resolved = True

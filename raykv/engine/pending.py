@@ -18,17 +18,28 @@ for at most ``WAIT_FACTOR`` x the request's own compute estimate plus
 ``WAIT_SLACK_S`` (the other engine began earlier, so its copy is due sooner
 than ours would be), never longer than ``pending_max_wait_ms``. A wait that
 ends without the blocks computes them; it is counted (``gave_up``).
+
+Two engines that get the same new prefix at the same moment both find nobody
+computing it and both announce. So an announcement also *claims* its first
+block at the block's shard, straight (``DirectoryShard.claim``: register, and
+say who listed it before), and the request holds back (RETRY) until the
+answer comes, for at most ``claim_budget_s``. The shard serialises claims:
+one engine is first and computes; the others withdraw their entries and wait
+for its copy (counted ``yield``).
+
 Everything here is bookkeeping in this process: no call waits.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import cast
 
 from ray.actor import ActorClass, ActorHandle
@@ -37,7 +48,7 @@ from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.keys import pending_key
 from raykv.core.naming import OWNER_ENV
 from raykv.core.wire import PENDING, HolderInfo
-from raykv.directory.client import LookupCache
+from raykv.directory.client import DirectoryClient, LookupCache
 from raykv.holders import pending as pending_holder
 from raykv.metrics.catalog import record
 from raykv.services.cluster import RaykvServices
@@ -58,12 +69,19 @@ DEADLINE_FACTOR = 2.0
 #: A request may wait this share of its own compute time for the directory's answers (at
 #: least ``lookup_retry_budget_ms``): a long prefill can afford to learn who computes it already.
 ANSWER_SHARE = 0.1
+#: A request holds back for its claim's answer at most this share of its compute time, and
+#: at least ``MIN_CLAIM_S``: the answer is one round trip to a shard (milliseconds), but
+#: 50-200 ms on a loaded host, where a shorter budget computed every burst on every replica.
+CLAIM_SHARE = 0.25
+MIN_CLAIM_S = 0.1
+#: How long a CPU engine's step pauses while a request waits for another engine's copy.
+WAIT_PAUSE_S = 0.002
 #: Weight of the newest sample in the running estimates.
 EWMA = 0.3
 #: Most announced keys remembered for timing (oldest dropped first).
 MAX_TIMED = 65_536
 #: What the decisions are counted as (``raykv_pending_decisions``).
-DECISIONS = ("announce", "wait", "compute", "loaded", "gave_up")
+DECISIONS = ("announce", "wait", "compute", "loaded", "gave_up", "yield")
 
 
 class PendingBook:
@@ -77,6 +95,7 @@ class PendingBook:
         owner: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         start_actor: bool = True,
+        directory: DirectoryClient | None = None,
     ) -> None:
         self.namespace = namespace
         self.node_id = node_id
@@ -84,6 +103,7 @@ class PendingBook:
         self.info: HolderInfo = pending_holder.holder_info(namespace, node_id, owner or os.environ.get(OWNER_ENV))
         self._clock = clock
         self._start_actor = start_actor
+        self._directory = directory
         self._actor: ActorHandle | None = None
         self._lock = threading.Lock()
         #: pending key -> (when announced, its place in its request's announcement, 1-based)
@@ -110,6 +130,12 @@ class PendingBook:
         """How long a request of ``blocks`` blocks may wait for the directory's answers
         before computing them: ``ANSWER_SHARE`` of its measured compute time (0: not measured)."""
         return 0.0 if self.compute_s_per_block is None else ANSWER_SHARE * self.compute_s_per_block * blocks
+
+    def claim_budget_s(self, blocks: int) -> float:
+        """How long a request that announced ``blocks`` blocks may hold back for its
+        claim's answer: ``CLAIM_SHARE`` of their compute time, at least ``MIN_CLAIM_S``."""
+        compute = 0.0 if self.compute_s_per_block is None else self.compute_s_per_block * blocks
+        return min(self.max_wait_s, max(MIN_CLAIM_S, CLAIM_SHARE * compute))
 
     def deadline_s(self, blocks: int) -> float:
         """How long an announcement of ``blocks`` blocks stays listed at most."""
@@ -163,6 +189,29 @@ class PendingBook:
         actor = self._handle()
         if actor is not None:
             actor.finish.remote(done)
+
+    def claim(self, key: bytes) -> Future[int] | None:
+        """Claim the block of ``key`` (a scoped tier key this process announced) at its
+        shard: the answer is how many engines claimed it first (None: cannot ask)."""
+        if self._directory is None or self._handle() is None:
+            return None
+        try:
+            return self._directory.claim(self.info.holder_id, pending_key(key)).future()
+        except Exception as e:  # noqa: BLE001 - without an answer the request computes
+            logger.debug("raykv: claim not sent: %r", e)
+            return None
+
+    def withdraw(self, keys: Sequence[bytes]) -> None:
+        """This process will not compute the blocks of ``keys`` (scoped tier keys) after
+        all: another engine announced them first. Their entries end now, untimed."""
+        pks = [pending_key(k) for k in keys]
+        with self._lock:
+            for pk in pks:
+                self._timed.pop(pk, None)
+        self.count("yield")
+        actor = self._handle()
+        if actor is not None and pks:
+            actor.finish.remote(pks)
 
     def observe_load(self, seconds: float, blocks: int) -> None:
         """One of this process's loads: ``blocks`` blocks in ``seconds``."""
@@ -233,6 +282,7 @@ class ComputeOnce:
         self._answers = answers
         self._loadable = loadable
         self._scoped_prefix = scoped_prefix
+        self._paused_round = -1
 
     def lookup(
         self, key: bytes, holders: list[HolderInfo], result: LookupResult, req_context: ReqContext
@@ -248,6 +298,12 @@ class ComputeOnce:
         if self._loadable(holders):
             return result  # another tier of this process loads it: not a miss of the process
         now = time.monotonic()
+        if req_context.pending_announced:  # it computes them; first, whose claim came first
+            if self._hold_claim(req_context, now):
+                req_context.retries += 1
+                return LookupResult.RETRY
+            if req_context.pending_announced:
+                return result
         if not req_context.pending_wait_ended:
             computing = self._computing(key, req_context)
             if req_context.pending_wait_until is None and computing:
@@ -269,6 +325,7 @@ class ComputeOnce:
                 gone = req_context.pending_gone_at = None if computing else (req_context.pending_gone_at or now)
                 if gone is None or now - gone < REGISTER_GRACE_S:
                     req_context.retries += 1
+                    self.pause()
                     return LookupResult.RETRY
             if until is not None:  # the wait ran out, or the entry ended without the block
                 book.count("gave_up")
@@ -279,8 +336,91 @@ class ComputeOnce:
                     "gone" if not computing else "past its wait",
                 )
             req_context.pending_wait_ended = True
-        self.announce(key, req_context)
+        self.announce(key, req_context, claim=req_context.pending_wait_until is None)
+        if self._hold_claim(req_context, now):
+            req_context.retries += 1
+            return LookupResult.RETRY
         return result
+
+    def unknown(self, key: bytes, req_context: ReqContext) -> bool:
+        """``key``'s holders are not known yet and the request will not wait longer for
+        them: it computes the blocks, announced and claimed like any (the claim goes
+        straight to the shard, past a slow directory answer). True: hold back this step
+        (RETRY) for the claim's answer, or, once another engine claimed them first,
+        for that engine's copy."""
+        now = time.monotonic()
+        if not req_context.pending_announced and req_context.pending_wait_until is None:
+            self.announce(key, req_context, claim=True)
+        if req_context.pending_announced:
+            return self._hold_claim(req_context, now)
+        if self.waiting(req_context):
+            self.pause()
+            return True
+        return False
+
+    def held_back(self, req_context: ReqContext) -> bool:
+        """Whether the request announced blocks (its claim decides) or waits for another
+        engine's copy: it is not held to the retry budget of a key whose answer is late."""
+        return req_context.pending_announced or self.waiting(req_context)
+
+    def pause(self) -> None:
+        """A request waits for another engine's copy: on a CPU engine, pause this step
+        ``WAIT_PAUSE_S`` (once per lookup round). The scheduler steps again at once
+        while a request waits, and on CPU that busy loop takes the cores the engine
+        computing the blocks needs; a GPU engine's loop costs no GPU time: no pause."""
+        if not _cpu_engine():
+            return
+        current = self._answers.round
+        if self._paused_round != current:
+            self._paused_round = current
+            time.sleep(WAIT_PAUSE_S)
+
+    @staticmethod
+    def waiting(req_context: ReqContext) -> bool:
+        """Whether the request waits for another engine's copy now."""
+        until = req_context.pending_wait_until
+        return until is not None and not req_context.pending_wait_ended and time.monotonic() < until
+
+    def _hold_claim(self, req_context: ReqContext, now: float) -> bool:
+        """Whether the request, which announced blocks, holds back another step: until
+        its claim on the first of them is answered (at most its claim budget). When
+        another engine claimed it first, the request withdraws its entries and waits
+        for that engine's copy (``decide``)."""
+        claim, until = req_context.pending_claim, req_context.pending_claim_until
+        if claim is None or until is None:
+            return False
+        if not claim.done():
+            if now < until:
+                self.pause()  # the engine steps again at once: a CPU engine's loop would spin
+                return True
+            req_context.pending_claim = req_context.pending_claim_until = None
+            logger.debug("raykv: %s: no answer to its claim in time: computes", req_context.req_id)
+            return False
+        req_context.pending_claim = req_context.pending_claim_until = None
+        try:
+            first = claim.result() <= 0  # (-1: its holder not known to the shard yet)
+        except Exception as e:  # noqa: BLE001 - the shard is down: compute
+            logger.debug("raykv: %s: claim failed: %r", req_context.req_id, e)
+            return False
+        if first:
+            return False
+        book = self.book
+        blocks = len(req_context.pending_keys)
+        wait_s = book.decide(blocks)
+        logger.debug(
+            "raykv: %s: another engine claimed its %d blocks first: %s",
+            req_context.req_id,
+            blocks,
+            f"waits up to {wait_s:.3f} s" if wait_s > 0 else "computes them too",
+        )
+        if wait_s <= 0:
+            return False
+        book.withdraw(req_context.pending_keys)
+        req_context.pending_keys = ()
+        req_context.pending_announced = False
+        req_context.pending_wait_ended = False
+        req_context.pending_wait_until = now + wait_s
+        return True
 
     def _computing(self, key: bytes, req_context: ReqContext) -> bool:
         """Whether another engine has ``key``, or one of the request's next blocks
@@ -301,17 +441,27 @@ class ComputeOnce:
                 return True
         return False
 
-    def announce(self, key: bytes, req_context: ReqContext) -> None:
+    def announce(self, key: bytes, req_context: ReqContext, claim: bool = False) -> None:
         """The request computes ``key``: list it and the request's later keys nobody
-        holds (as far as this process knows) as pending, once per request."""
+        holds (as far as this process knows) as pending, once per request. With
+        ``claim``, its lookups then hold back a little to see whether another engine
+        announced them first (``_hold_claim``)."""
         if req_context.pending_announced:
             return
-        req_context.pending_announced = True
         keys = [key]
         scoped = self._scoped_prefix(req_context)
         if key in scoped:
             keys = [k for k in scoped[scoped.index(key) :] if not self._answers.get(k)]
+        req_context.pending_announced = True
         self.book.announce(keys)
+        req_context.pending_keys = tuple(keys)
+        if claim:
+            answer = self.book.claim(keys[0])  # sent even when the request cannot hold back for it
+            budget = self.book.claim_budget_s(len(keys))
+            if req_context.retry_budget_s is not None:  # its own budget bounds its hold too
+                budget = min(budget, req_context.retry_budget_s)
+            if answer is not None and budget > 0:
+                req_context.pending_claim, req_context.pending_claim_until = answer, time.monotonic() + budget
 
 
 #: One book per ``RaykvServices`` (a process attaches once per namespace and Ray session).
@@ -336,9 +486,29 @@ def pending_book(services: RaykvServices) -> PendingBook | None:
     with _books_lock:
         book = _books.get(services)
         if book is None:
-            book = _books[services] = PendingBook(services.namespace, services.node_id(), max_wait_s)
+            book = _books[services] = PendingBook(
+                services.namespace, services.node_id(), max_wait_s, directory=services.directory
+            )
             book.start()  # now, not at the first announcement: the actor takes a second or so to start
         return book
+
+
+def decisions_so_far(services: RaykvServices) -> dict[str, int]:
+    """This process's compute-once decisions for ``services`` so far ({} when it has no book)."""
+    with _books_lock:
+        book = _books.get(services)
+    if book is None:
+        return {}
+    with book._lock:
+        return dict(book.counts)
+
+
+@functools.cache
+def _cpu_engine() -> bool:
+    """Whether this engine process runs on CPU (no CUDA device)."""
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def _ewma(old: float | None, sample: float) -> float:

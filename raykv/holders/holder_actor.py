@@ -39,6 +39,7 @@ from ray.actor import ActorClass, ActorHandle
 from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
+from raykv.core.tenants import TenantLRU
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
 from raykv.directory.agent import start_agent
 from raykv.directory.client import AgentClient, DirectoryClient, shard_ids
@@ -46,7 +47,7 @@ from raykv.directory.fingerprint import fingerprints, to_blob
 from raykv.holders.events import HoldingsLog
 from raykv.holders.messages import HolderStats
 from raykv.metrics import status_log
-from raykv.metrics.recorders import ActorMetrics
+from raykv.metrics.recorders import PIN_REFUSAL_COUNTERS, ActorMetrics, CounterName
 
 logger = logging.getLogger(__name__)
 
@@ -183,13 +184,19 @@ class HolderActor(WatchableActor):
     _writes: DirectoryClient | AgentClient
     _control: ActorHandle
 
-    def __init__(self, info: HolderInfo, namespace: str, counter_names: Mapping[str, str]) -> None:
+    def __init__(self, info: HolderInfo, namespace: str, counter_names: Mapping[str, CounterName]) -> None:
         self.info = info
         self.namespace = namespace
         self.counters: Counter[str] = Counter()
         self.log = HoldingsLog()
         self.started_at = time.time()
-        self._metrics = ActorMetrics(info.tier_type, info.node_id, info.holder_id, counter_names)
+        self._metrics = ActorMetrics(
+            info.tier_type,
+            info.node_id,
+            info.holder_id,
+            {**PIN_REFUSAL_COUNTERS, **counter_names},
+            pins=lambda: self.pin_table(),
+        )
         # Async actors run __init__ on their event loop: the start-up is a task
         # that every method waits for.
         self._started = asyncio.get_running_loop().create_task(self._start())
@@ -211,6 +218,10 @@ class HolderActor(WatchableActor):
     def describe(self) -> Report:
         """What ``ready`` reports besides the holder and its capacity (where, how)."""
         return {}
+
+    def pin_table(self) -> TenantLRU | None:
+        """The tier's tenants and pinned keys, for the pin gauges (None: this tier keeps no pins)."""
+        return None
 
     async def recover(self) -> None:
         """After announcing: take in blocks that outlived a previous actor (scan storage)."""

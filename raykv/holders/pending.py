@@ -48,6 +48,7 @@ class PendingActor(HolderActor):
         self.requested_capacity = 0
         #: pending key -> monotonic deadline
         self._until: dict[bytes, float] = {}
+        self._listed = asyncio.Event()  # set while entries are listed: an idle actor sleeps
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     def __repr__(self) -> str:
@@ -84,6 +85,7 @@ class PendingActor(HolderActor):
         for k in keys:
             self._until[k] = max(until, self._until.get(k, 0.0))
         self.counters["announced"] += len(new)
+        self._listed.set()
         self.log.append(False, new)
         await self._register(new)
         self._publish()
@@ -112,6 +114,9 @@ class PendingActor(HolderActor):
     async def _sweep_forever(self) -> None:
         await self._started
         while True:
+            if not self._until:
+                self._listed.clear()
+                await self._listed.wait()
             now = time.monotonic()
             gone = self._expired(now)
             if gone:

@@ -181,6 +181,27 @@ _SPECS = (
         (*ACTOR_TAGS, "reason"),
     ),
     MetricSpec("raykv_object_store_served_remote_blocks", COUNTER, "blocks handed to another node's actor", ACTOR_TAGS),
+    # -- pins (raykv.core.pins): per tier actor; bytes and expiries also per tenant ("(none)": no tenant)
+    MetricSpec("raykv_tier_pinned_blocks", GAUGE, "blocks the tier actor holds pinned (kept out of LRU)", ACTOR_TAGS),
+    MetricSpec(
+        "raykv_tier_pinned_bytes",
+        GAUGE,
+        "bytes the tier actor holds pinned for the tenant (they count against its quota)",
+        (*ACTOR_TAGS, "tenant"),
+    ),
+    MetricSpec(
+        "raykv_tier_pin_next_expiry_seconds",
+        GAUGE,
+        "seconds until the tenant's soonest pin on the tier actor expires, unless a request renews it",
+        (*ACTOR_TAGS, "tenant"),
+    ),
+    MetricSpec(
+        "raykv_tier_pins_refused",
+        COUNTER,
+        "blocks stored unpinned because a pin would pass a cap (reason: tier_cap, max_pinned_fraction of "
+        "capacity; tenant_quota, max_pinned_fraction of the tenant's quota)",
+        (*ACTOR_TAGS, "reason"),
+    ),
     # -- request routers (raykv.serve.router), per Serve deployment
     MetricSpec(
         "raykv_router_decision_seconds",

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import TypedDict
 
 from raykv.core.contract import JobResult, LookupResult, TransferJob
 from raykv.core.jobs import FailureLog, failure_reason
+from raykv.core.pins import REFUSED_COUNTERS, PinTable
+from raykv.core.tenants import TenantLRU
 from raykv.metrics.catalog import record
 
 logger = logging.getLogger(__name__)
@@ -115,35 +119,69 @@ class TierMetrics:
             record("raykv_job_latency_seconds", seconds, {**self.tags, "kind": kind})
 
 
+#: A tier actor's counter key -> the catalog metric it feeds, with extra tags when it needs them.
+CounterName = str | tuple[str, Mapping[str, str]]
+
+#: Pins refused by reason (``raykv.core.pins.REFUSED_COUNTERS``), for every tier actor that keeps pins.
+PIN_REFUSAL_COUNTERS: dict[str, CounterName] = {
+    counter: ("raykv_tier_pins_refused", {"reason": reason}) for reason, counter in REFUSED_COUNTERS.items()
+}
+
+
 class ActorMetrics:
-    """A tier actor's occupancy (gauges) and traffic (counters, sent as deltas).
+    """A tier actor's occupancy and pins (gauges) and traffic (counters, sent as deltas).
 
     ``counter_names`` maps the actor's own counter keys to catalog names.
     Ray drops a gauge series from the metrics port when it is not set for a
     while (~20 s in Ray 2.60), so on an event loop the last occupancy is set
-    again every ``GAUGE_REFRESH_S`` while the actor lives.
+    again every ``GAUGE_REFRESH_S`` while the actor lives. ``pins`` gives the
+    actor's tenants and pins (None: it keeps no pins); their gauges walk every
+    pin, so they are set at most once per ``PIN_GAUGES_S``, after unpinning
+    what expired.
     """
 
     GAUGE_REFRESH_S = 5.0
+    PIN_GAUGES_S = 1.0
 
-    def __init__(self, tier: str, node: str | None, holder: str, counter_names: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        tier: str,
+        node: str | None,
+        holder: str,
+        counter_names: Mapping[str, CounterName],
+        pins: Callable[[], TenantLRU | None] | None = None,
+    ) -> None:
         self.tags = {"tier": tier, "node": node or "shared", "holder": holder}
-        self.counter_names = dict(counter_names)
+        self.counter_names = {
+            key: (name, self.tags) if isinstance(name, str) else (name[0], {**self.tags, **name[1]})
+            for key, name in counter_names.items()
+        }
         self._last: dict[str, int] = {}
         self._occupancy: tuple[int, int, int] | None = None
+        self._counters: Mapping[str, int] = {}
         self._refresher: asyncio.Task[None] | None = None
+        self._pins = pins
+        self._pins_set_at = -math.inf
+        self._pin_tenants: set[str] = set()  # tenants with pin gauges set: zeroed once their pins go
 
     def record(self, blocks: int, nbytes: int, capacity: int, counters: Mapping[str, int]) -> None:
-        """Set the occupancy gauges and add the counters' growth since the last call."""
+        """Set the occupancy gauges and add the counters' growth since the last call.
+        ``counters`` is kept: the refresher also sends growth that came after
+        (pins are counted once a store's blocks are in, after its last record)."""
         self._occupancy = (int(blocks), int(nbytes), int(capacity))
+        self._counters = counters
         self._set_gauges()
-        for key, name in self.counter_names.items():
-            delta = counters.get(key, 0) - self._last.get(key, 0)
-            if delta > 0:
-                record(name, delta, self.tags)
-                self._last[key] = counters.get(key, 0)
+        self._add_counters()
         if self._refresher is None:
             self._start_refresher()
+
+    def _add_counters(self) -> None:
+        counters = self._counters
+        for key, (name, tags) in self.counter_names.items():
+            delta = counters.get(key, 0) - self._last.get(key, 0)
+            if delta > 0:
+                record(name, delta, tags)
+                self._last[key] = counters.get(key, 0)
 
     def _set_gauges(self) -> None:
         if self._occupancy is not None:
@@ -151,6 +189,26 @@ class ActorMetrics:
             record("raykv_tier_blocks", blocks, self.tags)
             record("raykv_tier_bytes", nbytes, self.tags)
             record("raykv_tier_capacity_bytes", capacity, self.tags)
+        now = time.monotonic()
+        if self._pins is not None and now - self._pins_set_at >= self.PIN_GAUGES_S:
+            self._pins_set_at = now
+            tenants = self._pins()
+            if tenants is not None:
+                tenants.expire()
+                self._set_pin_gauges(tenants.pins)
+
+    def _set_pin_gauges(self, table: PinTable) -> None:
+        record("raykv_tier_pinned_blocks", len(table), self.tags)
+        by_tenant = table.bytes_by_tenant()
+        expiries = table.next_expiry_by_tenant()
+        for tenant in self._pin_tenants - by_tenant.keys():
+            record("raykv_tier_pinned_bytes", 0, {**self.tags, "tenant": tenant_metric_label(tenant)})
+        for tenant, nbytes in by_tenant.items():
+            tags = {**self.tags, "tenant": tenant_metric_label(tenant)}
+            record("raykv_tier_pinned_bytes", nbytes, tags)
+            if tenant in expiries:
+                record("raykv_tier_pin_next_expiry_seconds", expiries[tenant], tags)
+        self._pin_tenants = set(by_tenant)
 
     def _start_refresher(self) -> None:
         try:
@@ -162,8 +220,14 @@ class ActorMetrics:
             while True:
                 await asyncio.sleep(self.GAUGE_REFRESH_S)
                 self._set_gauges()
+                self._add_counters()
 
         self._refresher = loop.create_task(refresh())
+
+
+def tenant_metric_label(tenant: str) -> str:
+    """A tenant as a metric label: ``(none)`` for requests that name none (as ``raykv status`` shows it)."""
+    return tenant or "(none)"
 
 
 class ShardFigures(TypedDict):

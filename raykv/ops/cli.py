@@ -1,4 +1,4 @@
-"""The ``raykv`` command: start, status, stop, demo, bench."""
+"""The ``raykv`` command: start, status, invalidate, unpin, warm, stop, demo, bench."""
 
 from __future__ import annotations
 
@@ -55,6 +55,14 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_per_holder(per_holder: dict[str, int], errors: dict[str, str]) -> None:
+    """One line per holder reached (its count), then one per holder not reached (why)."""
+    for holder, n in sorted(per_holder.items()):
+        print(f"  {holder}: {n}")
+    for holder, err in sorted(errors.items()):
+        print(f"  {holder}: not reached ({err})")
+
+
 def cmd_invalidate(args: argparse.Namespace) -> int:
     import raykv
     from raykv.ops.status import check_reachable
@@ -70,10 +78,59 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
         print(f"raykv: no KV identity of {what} is known; nothing dropped")
         return 0
     print(f"{what}: {len(out.identities)} KV identities, {out.blocks_dropped} blocks dropped")
-    for holder, n in sorted(out.per_holder.items()):
-        print(f"  {holder}: {n}")
-    for holder, err in sorted(out.errors.items()):
-        print(f"  {holder}: not reached ({err})")
+    _print_per_holder(out.per_holder, out.errors)
+    return 0
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.ops.status import check_reachable
+
+    if not (args.tenant or args.key or args.all):
+        raise ConfigError(
+            "raykv unpin", "name what to unpin: --tenant NAME (repeatable), --key HEX (repeatable) or --all"
+        )
+    keys = []
+    for k in args.key or ():
+        try:
+            keys.append(bytes.fromhex(k))
+        except ValueError:
+            raise ConfigError("--key", f"must be a scoped tier key in hex, got {k!r}") from None
+    check_reachable(args.address)
+    services = raykv.attach(args.namespace or "raykv", address=args.address)
+    out = services.unpin(tenants=args.tenant or (), keys=keys, everything=args.all)
+    if args.json:
+        print(json.dumps(out.report(), indent=2, default=str))
+        return 0
+    named = [f"tenant {t!r}" for t in args.tenant or ()] + ([f"{len(keys)} keys"] if keys else [])
+    what = "every pin" if args.all else ", ".join(named)
+    print(f"unpinned {out.blocks_unpinned} blocks ({what}); they now age under LRU")
+    _print_per_holder(out.per_holder, out.errors)
+    return 0
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    import raykv
+    from raykv.ops.prompt_file import read_prompts
+    from raykv.ops.status import check_reachable
+    from raykv.ops.warm import app_model, check_ttl, warm
+
+    ttl = check_ttl(args.ttl)
+    prompts = read_prompts(args.prompt_file)
+    model = app_model(args.url, args.model)  # the app answers before Ray is asked anything
+    check_reachable(args.address)
+    services = raykv.attach(args.namespace or "raykv", address=args.address)
+    out = warm(
+        services,
+        prompts,
+        ttl,
+        url=args.url,
+        model=model,
+        tenant=args.tenant,
+        request_timeout_s=args.request_timeout,
+        all_nodes=args.all_nodes,
+    )
+    print(json.dumps(out.report(), indent=2, default=str) if args.json else out.format())
     return 0
 
 
@@ -159,6 +216,44 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--revision", help="only this revision (default: every revision and weights version)")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.set_defaults(func=cmd_invalidate)
+
+    sp = sub.add_parser(
+        "unpin",
+        help="drop pins (kv_transfer_params cache_ttl_s) by tenant, by key, or all; the blocks stay, under LRU",
+    )
+    common(sp)
+    sp.add_argument(
+        "--tenant", action="append", help="the pins of this tenant (repeatable; '' for requests naming none)"
+    )
+    sp.add_argument("--key", action="append", help="the pin of this scoped tier key, in hex (repeatable)")
+    sp.add_argument("--all", action="store_true", help="every pin")
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(func=cmd_unpin)
+
+    sp = sub.add_parser(
+        "warm",
+        help="compute prompts once on a Serve app (one /v1/completions request each) and pin their "
+        "blocks cluster-wide for --ttl seconds; reports the blocks and bytes pinned per tier",
+    )
+    common(sp)
+    sp.add_argument("--url", default="http://127.0.0.1:8000", help="the app's OpenAI-compatible endpoint")
+    sp.add_argument("--model", help="the served model id (default: the app's one model, from /v1/models)")
+    sp.add_argument(
+        "--prompt-file",
+        required=True,
+        help="one prompt per line: text, a JSON string (text with escapes), or a JSON list of token ids",
+    )
+    sp.add_argument("--ttl", type=float, required=True, help="seconds to pin the prompts' blocks (at most 7 days)")
+    sp.add_argument("--tenant", help="the tenant to pin for (later requests must name the same tenant)")
+    sp.add_argument("--request-timeout", type=float, default=600.0, help="seconds each request may take (default 600)")
+    sp.add_argument(
+        "--all-nodes",
+        action="store_true",
+        help="then put a copy of the pinned blocks in every node's object store (pinned for --ttl too), "
+        "for prefixes every replica will need: each replica's first request loads them from its own node",
+    )
+    sp.add_argument("--json", action="store_true", help="print one JSON object")
+    sp.set_defaults(func=cmd_warm)
 
     sp = sub.add_parser(
         "stop",

@@ -86,6 +86,9 @@ class TierRow(TypedDict, total=False):
     stats: Report
     tenant_bytes: dict[str, int]
     tenant_quotas: dict[str, int]
+    #: Pinned bytes per tenant and the soonest expiries (``raykv.core.pins``).
+    tenant_pinned_bytes: dict[str, int]
+    pin_expiries: list[JsonValue]
     engine_lookups: HitRate
 
 
@@ -214,6 +217,9 @@ def _tier_row(info: HolderInfo, namespace: str, timeout: float) -> tuple[TierRow
     row["stats"] = stats.report()
     row["tenant_bytes"] = _counts(stats.figures.get("tenant_bytes"))
     row["tenant_quotas"] = _counts(stats.figures.get("tenant_quotas"))
+    row["tenant_pinned_bytes"] = _counts(stats.figures.get("tenant_pinned_bytes"))
+    expiries = stats.figures.get("pin_expiries")
+    row["pin_expiries"] = list(expiries) if isinstance(expiries, list) else []
     return row, stats
 
 
@@ -397,6 +403,25 @@ def _tenant_lines(tiers: list[TierRow]) -> list[str]:
     return ["", "bytes per tenant (/ quota):", *rows] if rows else []
 
 
+def _pin_lines(tiers: list[TierRow]) -> list[str]:
+    """Pinned bytes per tenant and the soonest expiry of each tier actor that holds pins."""
+    rows = []
+    for t in tiers:
+        pinned = t.get("tenant_pinned_bytes") or {}
+        if not pinned:
+            continue
+        parts = ", ".join(f"{tenant or '(none)'} {fmt_bytes(b)}" for tenant, b in sorted(pinned.items()))
+        soonest = [_report(e) for e in t.get("pin_expiries") or []]
+        first = (
+            f"; soonest expiry {_number(soonest[0].get('seconds_left')) or 0:.0f} s "
+            f"({soonest[0].get('blocks')} blocks of {soonest[0].get('tenant') or '(none)'})"
+            if soonest
+            else ""
+        )
+        rows.append(f"  {t['tier_type']:<13} {_where(t)[:30]:<30} {parts}{first}")
+    return ["", "pinned bytes per tenant (cache_ttl_s):", *rows] if rows else []
+
+
 def _agent_lines(agents: list[AgentRow]) -> list[str]:
     """The directory agents' table: window, view size, lag, calls saved."""
     if not agents:
@@ -457,6 +482,7 @@ def format_status(status: ClusterStatus) -> str:
             f"{_pct(t.get('occupancy')):>9} {_pct(hit_rate):>9} {lookups:>8}"
         )
     lines += _tenant_lines(status["tiers"])
+    lines += _pin_lines(status["tiers"])
     if engines:
         lines += ["", f"{'engine (replica actor)':<34} {'node':<14} {'alive':<6} {'cached':>8}  loaded from raykv"]
         for t in engines:

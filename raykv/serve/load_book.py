@@ -14,6 +14,11 @@ R = TypeVar("R", bound=Hashable)  # a replica's id
 EARLY_COMPLETIONS = 10_000
 #: Requests whose predicted work waits for their ``on_request_routed`` (``PredictedWork``).
 PENDING_PREDICTIONS = 10_000
+#: How long a block sent to a replica to compute counts as held there (``RecentPrefixes``):
+#: by then its engine's KV events list it in the directory, if it still holds it.
+SOON_HELD_S = 10.0
+#: Most blocks ``RecentPrefixes`` remembers (oldest dropped first).
+SOON_HELD_KEYS = 200_000
 
 
 class InflightRequests(Generic[R]):
@@ -82,3 +87,45 @@ class PredictedWork(Generic[R]):
     def sent(self, replica: R) -> float:
         """Blocks ``replica`` was sent to compute so far."""
         return self._blocks.get(replica, 0.0)
+
+
+class RecentPrefixes(Generic[R]):
+    """Blocks this router recently sent a replica to compute, each for ``ttl_s``:
+    held there soon, before the engine's KV events say so. A request whose
+    prefix was just sent somewhere goes there too while it has room, instead
+    of computing the prefix a second time elsewhere."""
+
+    def __init__(self, ttl_s: float = SOON_HELD_S, max_keys: int = SOON_HELD_KEYS) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._pending: OrderedDict[int, list[bytes]] = OrderedDict()
+        self._where: OrderedDict[bytes, tuple[R, float]] = OrderedDict()
+
+    def predict(self, request: int, keys: list[bytes]) -> None:
+        """The blocks (engine keys, prompt order) request ``request`` computes where it is routed."""
+        self._pending[request] = keys
+        while len(self._pending) > PENDING_PREDICTIONS:
+            self._pending.popitem(last=False)
+
+    def routed(self, request: int, replica: R, now: float) -> None:
+        keys = self._pending.pop(request, None)
+        if not keys:
+            return
+        until = now + self.ttl_s
+        for k in keys:
+            self._where[k] = (replica, until)
+            self._where.move_to_end(k)
+        while len(self._where) > self.max_keys:
+            self._where.popitem(last=False)
+
+    def leading(self, keys: list[bytes], now: float) -> dict[R, int]:
+        """Per replica, how many of ``keys``' leading blocks it was sent to compute lately."""
+        out: dict[R, int] = {}
+        replica = None
+        for i, k in enumerate(keys):
+            where = self._where.get(k)
+            if where is None or where[1] < now or (replica is not None and where[0] != replica):
+                break
+            replica = where[0]
+            out[replica] = i + 1
+        return out

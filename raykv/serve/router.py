@@ -43,13 +43,18 @@ from raykv.core.validate import ArgumentError
 from raykv.integrations.vllm.hashing import prepare_hashing
 from raykv.metrics.catalog import record
 from raykv.serve.layout_book import LayoutBook
-from raykv.serve.load_book import InflightRequests, PredictedWork
+from raykv.serve.load_book import InflightRequests, PredictedWork, RecentPrefixes
 from raykv.serve.prompts import PromptTokenizer, prompt_of
 from raykv.serve.routing import (
     Candidate,
+    EngineLayout,
     Match,
     RankPolicy,
+    affinity,
+    computing,
+    credit_soon_held,
     match,
+    pending_keys,
     rank,
     request_keys,
 )
@@ -118,6 +123,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._work: PredictedWork[ReplicaID] = PredictedWork()
         #: requests this router sent to each replica that have not ended
         self._inflight: InflightRequests[ReplicaID] = InflightRequests()
+        #: blocks this router sent each replica to compute lately (held there soon)
+        self._recent: RecentPrefixes[ReplicaID] = RecentPrefixes()
         # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
         # runs on a thread from the start, never on Serve's routing event loop.
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raykv-router-prepare")
@@ -177,6 +184,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         router's event loop; without the protocol it is not called and the queue
         figure is Serve's alone (``queue_lens``)."""
         self._work.routed(id(pending_request), replica_id)
+        self._recent.routed(id(pending_request), replica_id, time.monotonic())
         self._inflight.routed(pending_request.metadata.internal_request_id, replica_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
@@ -211,35 +219,36 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         # tiers scope its keys (raykv.core.tenants): the same here, or nothing matches.
         scope = self._book.sharing.scope_of_tenant(tenant)
         salt = engine_salt(salt, scope)
+        services = self._book.services
+        # Who computes each chunk now (engines' pending entries), when the namespace lists them.
+        with_pending = services is not None and bool(getattr(services.config, "pending_entries", False))
         keys: list[bytes] = []
-        spans = []
+        spans: list[Span] = []
+        engine_keys: list[bytes] = []
         for layout in layouts:
             hashes = self._prompt_tokens.block_hashes(tokens, layout.tokens_per_hash, salt, self._hash_algo)
             engine, tier = request_keys(hashes, layout, scope)
-            spans.append((layout, len(keys), len(engine), len(tier)))
-            keys += engine + tier
+            pending = pending_keys(tier) if with_pending else []
+            spans.append((layout, len(keys), len(engine), len(tier), len(pending), engine))
+            keys += engine + tier + pending
+            engine_keys += engine
         clock.lap("hash")
         matches: dict[RunningReplica, Match]
         if not keys:  # shorter than a block: only load matters
             matches = {r: Match() for r in candidates}
         else:
-            services = self._book.services
             if services is None:  # (layouts come from the services: attached by now)
                 return None
             found = await self._holders(services, keys)
             clock.lap("directory")
-            views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
-            matches = {}
-            for layout, start, n_engine, n_tier in spans:
-                engine_found = found[start : start + n_engine]
-                tier_found = found[start + n_engine : start + n_engine + n_tier]
-                for r, m in match(engine_found, tier_found, layout.blocks_per_chunk, views).items():
-                    if r not in matches or m.saved > matches[r].saved:
-                        matches[r] = m
+            matches = _matches(found, spans, candidates, self._recent)
         spread = {r: self._work.sent(r.replica_id) for r in candidates}
-        ranks: list[list[RunningReplica]] = rank(matches, self.queue_lens(candidates), self._policy, spread)
+        ties = affinity(engine_keys[0], {r: _actor_hex(r) for r in candidates}) if engine_keys else None
+        queues = self.queue_lens(candidates)
+        ranks: list[list[RunningReplica]] = rank(matches, queues, self._policy, spread, ties)
         if pending_request is not None:
             self._work.predict(id(pending_request), {r.replica_id: m.recompute for r, m in matches.items()})
+            self._recent.predict(id(pending_request), engine_keys)
         best = matches[ranks[0][0]]
         block_tokens = layouts[0].tokens_per_hash
         for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):
@@ -321,6 +330,40 @@ class _StageClock:
         now = time.perf_counter()
         self.laps[stage] = self.laps.get(stage, 0.0) + now - self._last
         self._last = now
+
+
+#: One engine layout's part of a decision's keys: (layout, where its keys start, how many
+#: engine keys, tier keys and pending keys it has, its engine keys).
+Span = tuple[EngineLayout, int, int, int, int, list[bytes]]
+
+
+def _matches(
+    found: list[list[HolderInfo]],
+    spans: list[Span],
+    candidates: list[RunningReplica],
+    recent: RecentPrefixes[ReplicaID],
+) -> dict[RunningReplica, Match]:
+    """Per candidate, what it would find of the prompt (the best of the model's layouts):
+    ``match``, then blocks being computed now count as held soon (``credit_soon_held``):
+    what this router sent where lately, and engines' pending entries (other routers' requests)."""
+    views = [Candidate(r, _actor_hex(r), r.node_id) for r in candidates]
+    by_id = {r.replica_id: r for r in candidates}
+    now = time.monotonic()
+    matches: dict[RunningReplica, Match] = {}
+    for layout, start, n_engine, n_tier, n_pending, engine in spans:
+        engine_found = found[start : start + n_engine]
+        tier_found = found[start + n_engine : start + n_engine + n_tier]
+        pending_found = found[start + n_engine + n_tier : start + n_engine + n_tier + n_pending]
+        layout_matches = match(engine_found, tier_found, layout.blocks_per_chunk, views)
+        soon = computing(pending_found, tier_found, layout.blocks_per_chunk, len(engine), views)
+        for rid, n in recent.leading(engine, now).items():
+            if rid in by_id:
+                soon[by_id[rid]] = max(soon.get(by_id[rid], 0), n)
+        credit_soon_held(layout_matches, soon)
+        for r, m in layout_matches.items():
+            if r not in matches or m.saved > matches[r].saved:
+                matches[r] = m
+    return matches
 
 
 def _actor_hex(replica: RunningReplica) -> str:

@@ -15,15 +15,17 @@ Pure functions; the Serve router (``raykv.serve.router``) does the I/O.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raykv.core.identity import KVIdentity
-from raykv.core.keys import make_offload_key
+from raykv.core.keys import make_offload_key, pending_key
 from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
 from raykv.core.tenants import tenant_key
+from raykv.core.wire import PENDING
 from raykv.holders.engine_cache import engine_key
 
 #: Share of a block's prefill a load from raykv saves, by where it comes from
@@ -141,6 +143,64 @@ def match(
     return out
 
 
+def pending_keys(tier_keys: Sequence[bytes]) -> list[bytes]:
+    """The pending-entry keys of ``tier_keys`` (``raykv.holders.pending``): who computes each chunk now."""
+    return [pending_key(k) for k in tier_keys]
+
+
+def computing(
+    pending_holders: Sequence[Sequence[HolderInfo]],
+    tier_holders: Sequence[Sequence[HolderInfo]],
+    blocks_per_chunk: int,
+    total: int,
+    candidates: Sequence[Candidate],
+) -> dict[Any, int]:
+    """Per candidate replica, the prompt's leading blocks it will hold once its engine
+    has computed what it is computing now: the end of the last chunk it lists as
+    pending, when every chunk before that is held or pending somewhere."""
+    out: dict[Any, int] = {}
+    for chunk, pending in enumerate(pending_holders):
+        held = chunk < len(tier_holders) and any(h.medium != ENGINE for h in tier_holders[chunk])
+        if not held and not any(h.medium == PENDING for h in pending):
+            break
+        for h in pending:
+            c = _engine_holder_of(h, candidates) if h.medium == PENDING else None
+            if c is not None:
+                out[c.replica] = min((chunk + 1) * blocks_per_chunk, total)
+    return out
+
+
+def credit_soon_held(matches: Mapping[Any, Match], soon: Mapping[Any, int]) -> None:
+    """Blocks a replica is computing now (``soon``: replica -> leading blocks) count as
+    held: on that replica as its engine cache's (they are, once computed), on the
+    others as loads from raykv (they wait for its copy rather than compute them too:
+    compute once), past what each finds already."""
+    if not soon:
+        return
+    most = max(soon.values())
+    for r, m in matches.items():
+        mine = min(soon.get(r, 0), m.total)
+        if mine > m.engine:
+            rest = max(0, m.engine + m.raykv - mine)  # tier blocks past the ones it computes
+            m.engine = mine
+            m.raykv_local = min(m.raykv_local, rest)
+            m.raykv_remote = rest - m.raykv_local
+        covered = m.engine + m.raykv
+        if min(most, m.total) > covered:
+            m.raykv_remote += min(most, m.total) - covered
+
+
+def affinity(first_key: bytes, replica_ids: Mapping[Any, str]) -> dict[Any, float]:
+    """Per replica, a number in [0, 1) from the prompt's first block and the replica's
+    id (rendezvous hashing): among replicas that tie, every router sends a prompt's
+    new prefix to the same one, so a burst of requests sharing it is computed there once."""
+    out = {}
+    for r, rid in replica_ids.items():
+        digest = hashlib.blake2b(first_key + rid.encode(), digest_size=8).digest()
+        out[r] = int.from_bytes(digest, "big") / 2**64
+    return out
+
+
 @dataclass
 class RankPolicy:
     """How the router trades saved prefill against load.
@@ -163,11 +223,13 @@ def rank(
     queue_lens: Mapping[Any, int],
     policy: RankPolicy | None = None,
     spread: Mapping[Any, float] | None = None,
+    ties: Mapping[Any, float] | None = None,
 ) -> list[list[Any]]:
     """Replicas best first, grouped in ranks (Serve picks the least loaded of a
     rank, the first one on a tie). Within equal cost and queue, the replica
     given the least new work so far (``spread``: blocks it was sent to
-    compute) comes first, then chance: fresh prompts spread over the replicas."""
+    compute) comes first, then ``ties`` (``affinity``; default chance): fresh
+    prompts spread over the replicas."""
     policy = policy or RankPolicy()
     if not matches:
         return []
@@ -185,7 +247,8 @@ def rank(
         m = matches[r]
         return (blocks - m.saved) + policy.load_weight * queues[r] * blocks
 
-    chance = {r: random.random() for r in matches}
+    ties = ties or {}
+    chance = {r: ties[r] if r in ties else random.random() for r in matches}
     ordered = sorted(matches, key=lambda r: (overloaded(r), cost(r), queues[r], spread.get(r, 0.0), chance[r]))
     ranks: list[list[Any]] = []
     for r in ordered:

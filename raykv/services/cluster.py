@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -18,6 +18,7 @@ from raykv.core import naming
 from raykv.core.errors import RaykvError
 from raykv.core.identity import KVIdentity
 from raykv.core.node import process_node_id
+from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import HolderInfo, Report
@@ -29,6 +30,7 @@ from raykv.policy import PolicyCache, PolicyRule, check_rule_tier
 from raykv.services import grafana
 from raykv.services.control import ControlActor
 from raykv.services.messages import ControlStats
+from raykv.services.pinning import Unpinned, unpin_everywhere
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +246,14 @@ class RaykvServices:
         (meanwhile a load of such a key fails and falls back to recompute).
         """
         return invalidate_identities(self, model, revision, timeout)
+
+    def unpin(
+        self, tenants: Sequence[str] = (), keys: Sequence[bytes] = (), everything: bool = False, timeout: float = 60.0
+    ) -> Unpinned:
+        """Drop the pins (``kv_transfer_params['cache_ttl_s']``) of ``tenants``, of
+        ``keys`` (scoped tier keys), or all of them, in every tier actor; the
+        blocks stay and age under plain LRU. ``ValueError`` when nothing is named."""
+        return unpin_everywhere(self.holders(), self.namespace, Unpin(tuple(tenants), tuple(keys), everything), timeout)
 
     def start_tier_services(self, tier_config: Mapping[str, object], where: str = "tier") -> None:
         """Start the actors a tier config needs (per-node actors, fs root actor)."""

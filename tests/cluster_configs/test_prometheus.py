@@ -82,6 +82,12 @@ class Engine:
             out = [self.tiers[tier].lookup(k, req).name for k in keys]
         elif op == "store":
             out = drv.store(keys, slots).success
+        elif op == "store_pinned":  # a request with kv_transfer_params {"cache_ttl_s": 600}
+            from raykv.core.contract import ReqContext
+
+            drv = TierDriver(self.tiers[tier], "pinned")
+            drv.req = ReqContext("pinned", {"cache_ttl_s": 600})
+            out = drv.store(keys, slots).success
         else:
             self.tiers[tier]._cache.invalidate(keys)  # ask the directory again, as a fresh engine would
             drv.lookup(keys)
@@ -218,6 +224,11 @@ def _traffic(root: str) -> None:
             assert ray.get(b.run.remote(tier, "load", keys[:4], list(range(20, 24))))  # object_store: a remote pull
             assert not ray.get(a.run.remote(tier, "load", keys[18:20], [24, 25]))  # never stored: a failed job
             assert ray.get(a.run.remote(tier, "store", keys[8:18], list(range(8, 18))))  # over capacity: evictions
+        # Pins: the tier caps 6 of 12 blocks (max_pinned_fraction 0.5). Each store's blocks are
+        # pinned together (one pack), so the fourth 2-block store is refused: stored unpinned.
+        pinned = raykv.prefix_keys(list(range(16 * 8)), 16, salt="pinned")
+        for i in range(0, 8, 2):
+            assert ray.get(a.run.remote("object_store", "store_pinned", pinned[i : i + 2], [i, i + 1]))
         fresh = raykv.prefix_keys(list(range(16 * 4)), 16, salt="past-budget")
         assert ray.get(a.run.remote("object_store", "past_budget", fresh, [])) == ["MISS"] * 4
         from raykv.core.identity import scoped_keys
@@ -263,3 +274,7 @@ def test_every_dashboard_panel_returns_data_from_prometheus(cluster, prometheus)
     assert {r["metric"]["tier"]: float(r["value"][1]) >= 8 for r in hits} == {"object_store": True, "fs": True}
     remote = _query(prometheus, f'sum(ray_raykv_object_store_served_remote_blocks_total{{SessionName=~"{session}"}})')
     assert float(remote[0]["value"][1]) >= 4
+    pinned = _query(prometheus, f'sum by (tenant) (ray_raykv_tier_pinned_bytes{{SessionName=~"{session}"}})')
+    assert {r["metric"]["tenant"]: float(r["value"][1]) for r in pinned} == {"(none)": 6 * BLOCK}
+    refused = _query(prometheus, f'sum by (reason) (ray_raykv_tier_pins_refused_total{{SessionName=~"{session}"}})')
+    assert {r["metric"]["reason"]: float(r["value"][1]) for r in refused} == {"tier_cap": 2}

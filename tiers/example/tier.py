@@ -3,15 +3,15 @@
 It shows the whole contract in little code: submits hand the copy to a worker
 thread and return at once; every job ends in exactly one ``JobResult``; loads
 of keys it does not hold fail (with ``successful_keys`` for the others);
-capacity is a block count with LRU eviction. It talks to no directory, so it
-only serves the process that stored the blocks.
+capacity is a block count with LRU eviction (``raykv.core.tenants.TenantLRU``),
+where a request's ``cache_ttl_s`` pins its blocks (``raykv.core.pins``). It
+talks to no directory, so it only serves the process that stored the blocks.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections import OrderedDict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
@@ -29,12 +29,15 @@ from raykv.core.fields import opt
 from raykv.core.identity import KVIdentity
 from raykv.core.jobs import JobTracker
 from raykv.core.keys import OffloadKey
+from raykv.core.pins import Unpin, cache_ttl_of, max_pinned_fraction_option, pin_keys
+from raykv.core.tenants import TenantLRU, tenant_of
 from raykv.policy import PolicyRule, decide
 
 
 @dataclass
 class ExampleOptions:
     capacity_blocks: int = opt(1024, kind=int, min=0, doc="blocks kept (LRU); 0 = none")
+    max_pinned_fraction: float = max_pinned_fraction_option()
     request_level: bool = opt(False, kind=bool, doc="ask for REQUEST_LEVEL for every request")
 
 
@@ -55,7 +58,9 @@ class ExampleTier(SecondaryTier):
         super().__init__(primary_kv_view, tier_type, identity)
         self.options = options
         self._primary = np.asarray(primary_kv_view)
-        self._blocks: OrderedDict[bytes, np.ndarray] = OrderedDict()  # scoped key -> block
+        self._blocks: dict[bytes, np.ndarray] = {}  # scoped key -> block
+        #: LRU order and pins; each block counts 1 (the capacity is in blocks).
+        self.lru = TenantLRU(max_pinned_fraction=options.max_pinned_fraction)
         self._lock = threading.Lock()
         self.jobs = JobTracker()
         self._rules = [PolicyRule(tier=tier_type)] if options.request_level else []
@@ -88,11 +93,18 @@ class ExampleTier(SecondaryTier):
         return decide(self._rules, self.tier_type, req_context)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        ttl = cache_ttl_of(req_context)
         with self._lock:
             scope = self.key_scope(req_context)
-            for k in (self.scope(bytes(key), scope=scope) for key in keys):
-                if k in self._blocks:
-                    self._blocks.move_to_end(k)
+            scoped = [self.scope(bytes(key), scope=scope) for key in keys]
+            self.lru.touch(scoped)
+            if ttl is not None:
+                self.lru.pin(pin_keys(scoped), ttl, self.options.capacity_blocks)
+
+    def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names; the blocks age under LRU again."""
+        with self._lock:
+            return self.lru.unpin(which)
 
     def drain_jobs(self) -> None:
         self.jobs.wait_idle()
@@ -114,14 +126,20 @@ class ExampleTier(SecondaryTier):
 
     def _store(self, job: TransferJob) -> None:
         cap = self.options.capacity_blocks
+        tenant, ttl = tenant_of(job.req_context), cache_ttl_of(job.req_context)
         with self._lock:
             scope = self.key_scope(job.req_context)
-            for key, chunk in zip((self.scope(bytes(k), scope=scope) for k in job.keys), job.chunk_ids):
+            keys = [self.scope(bytes(k), scope=scope) for k in job.keys]
+            for key, chunk in zip(keys, job.chunk_ids):
                 if key not in self._blocks:
                     self._blocks[key] = self._primary[chunk].copy()
-                self._blocks.move_to_end(key)
-            while len(self._blocks) > cap:
-                self._blocks.popitem(last=False)
+                self.lru.add(key, tenant, 1)
+            # Pinned blocks are never victims: with only they left, the new ones go.
+            while len(self._blocks) > cap and (victim := self.lru.oldest()) is not None:
+                del self._blocks[victim]
+                self.lru.discard(victim)
+            if ttl is not None:
+                self.lru.pin(pin_keys(keys), ttl, cap)
         self.jobs.succeed(job, transfer_bytes=len(job.keys) * self.block_size_bytes)
 
     def _load(self, job: TransferJob) -> None:

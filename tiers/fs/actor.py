@@ -27,8 +27,9 @@ from ray.actor import ActorClass, ActorHandle
 
 from raykv.core import naming
 from raykv.core.handles import HolderHandle
+from raykv.core.pins import REFUSED_COUNTERS, PinBatch, Unpin
 from raykv.core.placement import SHARED, HolderInfo
-from raykv.core.tenants import fmt_tenants
+from raykv.core.tenants import TenantLRU, fmt_tenants
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import Report
 from raykv.holders.holder_actor import HolderActor, runs_to_end
@@ -80,7 +81,7 @@ class FsRootActor(HolderActor):
         self.settings = settings
         self.root = settings.root
         self.requested_capacity = int(settings.capacity_bytes)
-        self.index = RootIndex(settings.capacity_bytes, settings.tenant_quotas)
+        self.index = RootIndex(settings.capacity_bytes, settings.tenant_quotas, settings.max_pinned_fraction)
         self.storage = open_storage(self.root)
         self.storage.ensure_root()
         self.counters.update(
@@ -88,6 +89,7 @@ class FsRootActor(HolderActor):
                 ("commits", "committed", "evicted", "removed", "invalidated", "touches", "directory_errors"), 0
             )
         )
+        self.counters.update(dict.fromkeys(("pins_granted", "unpinned", *REFUSED_COUNTERS.values()), 0))
         self.removed_reasons: Counter[str] = Counter()
         #: Every removed file counted (by reason) and logged with its key and path.
         self.removals = RemovalLog(f"fs root {self.root}", self._metrics.tags)
@@ -186,6 +188,7 @@ class FsRootActor(HolderActor):
         missing = await self._missing(check) if check else set()
         # From here to the first await the index and the directory calls change together.
         done = self.index.commit(batch, missing)
+        done.pins.count_into(self.counters)
         self.counters["committed"] += done.added
         self._evicted(done.evicted)
         self.log.append(False, done.new)
@@ -200,6 +203,21 @@ class FsRootActor(HolderActor):
         await self._started
         self.counters["touches"] += 1
         self.index.touch(keys)
+
+    async def pin(self, batch: PinBatch) -> int:
+        """Pin held keys for their TTLs, or extend their pins (a request with
+        ``cache_ttl_s`` used them); how many files are pinned."""
+        await self._started
+        outcome = self.index.pin(batch)
+        outcome.count_into(self.counters)
+        return outcome.pinned
+
+    async def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names (the files stay, under LRU); how many went."""
+        await self._started
+        n = self.index.unpin(which)
+        self.counters["unpinned"] += n
+        return n
 
     @runs_to_end
     async def remove(self, keys: Sequence[bytes], reason: str = "removed", details: Sequence[str] = ()) -> int:
@@ -252,6 +270,9 @@ class FsRootActor(HolderActor):
         self._publish()
         return len(dropped)
 
+    def pin_table(self) -> TenantLRU:
+        return self.index.tenants
+
     def tier_stats(self) -> Report:
         index = self.index
         return {
@@ -264,5 +285,6 @@ class FsRootActor(HolderActor):
             "scanned_at_start": self.scanned,
             "removed_reasons": dict(self.removed_reasons),
             "removed_files_logged": dict(self.removals.totals),
+            **index.tenants.pin_report(),
             **self.counters,
         }

@@ -19,6 +19,7 @@ from raykv.core.background import SessionEnded, wait_answer
 from raykv.core.contract import TransferJob
 from raykv.core.handles import HolderHandle
 from raykv.core.node import ray_session
+from raykv.core.pins import PinBatch, cache_ttl_of
 from raykv.core.tenants import tenant_of
 from raykv.engine.polling import ActorLiveness
 from tiers.fs.jobs import EXISTING, WRITTEN, BlockJob
@@ -67,6 +68,7 @@ class RootController:
         self._commits: list[BlockJob] = []
         self._removes: list[tuple[BlockJob, list[int]]] = []
         self._touches: list[bytes] = []
+        self._pins: dict[bytes, float] = {}  # key -> longest TTL asked this round
         self._closed = False
         self.rounds = 0
         self._session = ray_session()
@@ -92,6 +94,13 @@ class RootController:
             self._touches.extend(keys)
             self._cond.notify()
 
+    def pin(self, keys: list[bytes], ttl_s: float) -> None:
+        """Pin keys for ``ttl_s`` seconds or extend their pins (sent with the next round, unanswered)."""
+        with self._cond:
+            for k in keys:
+                self._pins[k] = max(ttl_s, self._pins.get(k, 0.0))
+            self._cond.notify()
+
     def close(self) -> None:
         """Finish what was handed in, then stop."""
         with self._cond:
@@ -110,17 +119,20 @@ class RootController:
         while True:
             with self._cond:
                 self._cond.wait_for(
-                    lambda: self._closed or self._commits or self._removes or self._touches, timeout=0.1
+                    lambda: self._closed or self._commits or self._removes or self._touches or self._pins,
+                    timeout=0.1,
                 )
                 commits, self._commits = self._commits, []
                 removes, self._removes = self._removes, []
                 touches, self._touches = self._touches, []
+                pins, self._pins = self._pins, {}
                 closed = self._closed
             if ray_session() != session:  # Ray shut down under us: no actor to finish them with
                 for job in [*commits, *(job for job, _ in removes)]:
                     self._on_failed(job.job, "fs control: Ray shut down")
                 return
             try:
+                self._send_pins(pins)
                 self._round(commits, removes, touches)
             except BaseException as e:  # never leave a job behind
                 logger.exception("fs control round failed")
@@ -128,8 +140,15 @@ class RootController:
                     self._on_failed(job.job, f"fs control error: {e!r}")
             if closed:
                 with self._cond:
-                    if not (self._commits or self._removes or self._touches):
+                    if not (self._commits or self._removes or self._touches or self._pins):
                         return
+
+    def _send_pins(self, pins: dict[bytes, float]) -> None:
+        if pins:
+            try:
+                self.actor.pin.remote(PinBatch(tuple(pins), tuple(pins.values())))
+            except Exception as e:
+                logger.debug("fs pin not sent: %r", e)
 
     def _round(self, commits: list[BlockJob], removes: list[tuple[BlockJob, list[int]]], touches: list[bytes]) -> None:
         self.liveness.poll()
@@ -188,17 +207,21 @@ def commit_batch(commits: list[BlockJob]) -> CommitBatch:
     keys: list[bytes] = []
     sizes: list[int] = []
     tenants: list[str] = []
+    ttls: list[float] = []
     verify: set[bytes] = set()
     for job in commits:
         tenant = tenant_of(job.job.req_context)
+        ttl = cache_ttl_of(job.job.req_context) or 0.0
         for i in job.with_kind(WRITTEN, EXISTING):
             outcome = job.outcomes[i]
             keys.append(job.keys[i])
             sizes.append(outcome.size)
             tenants.append(tenant)
+            ttls.append(ttl)
             if outcome.kind == EXISTING:
                 verify.add(job.keys[i])
-    return CommitBatch(tuple(keys), tuple(sizes), tuple(tenants), frozenset(verify))
+    pinned = tuple(ttls) if any(ttls) else ()
+    return CommitBatch(tuple(keys), tuple(sizes), tuple(tenants), frozenset(verify), pinned)
 
 
 def removals_by_reason(removes: list[tuple[BlockJob, list[int]]]) -> dict[str, tuple[list[bytes], list[str]]]:

@@ -8,10 +8,12 @@ dropped, and the actor turns those into directory calls and file deletions.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
+from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION, PinBatch, PinOutcome, Unpin, pin_keys
 from raykv.core.tenants import DEFAULT_TENANT, TenantLRU
 from tiers.fs.messages import CommitBatch
 from tiers.fs.storage import FileEntry
@@ -28,17 +30,25 @@ class Committed(NamedTuple):
     evicted: list[bytes]
     #: Keys of the batch the index did not hold before, evicted or not.
     added: int
+    #: The batch's pins (``CommitBatch.ttls``): granted and refused.
+    pins: PinOutcome
 
 
 class RootIndex:
     """The block files of one root the actor accounts for."""
 
-    def __init__(self, capacity_bytes: int, tenant_quotas: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        tenant_quotas: Mapping[str, int] | None = None,
+        max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         #: Bytes of block files kept; 0: unlimited.
         self.capacity = int(capacity_bytes)
-        #: Bytes per tenant, each tenant's LRU, quotas. Files carry no tenant:
-        #: the ones a scan finds belong to the default tenant.
-        self.tenants = TenantLRU(tenant_quotas)
+        #: Bytes per tenant, each tenant's LRU, quotas, pins. Files carry no
+        #: tenant nor pin: the ones a scan finds belong to the default tenant, unpinned.
+        self.tenants = TenantLRU(tenant_quotas, max_pinned_fraction, clock)
         self.bytes = 0
         self._sizes: OrderedDict[bytes, int] = OrderedDict()
 
@@ -69,7 +79,8 @@ class RootIndex:
 
     def commit(self, batch: CommitBatch, missing: Collection[bytes] = ()) -> Committed:
         """Hold the batch's keys (but ``missing`` ones: their file is gone),
-        most recently used, then evict over capacity and quotas."""
+        most recently used, then evict over capacity and quotas, then pin the
+        ones kept that the batch pins (``CommitBatch.ttls``)."""
         held: list[bytes] = []
         new: list[bytes] = []
         for key, size, tenant in zip(batch.keys, batch.sizes, batch.tenants):
@@ -85,7 +96,22 @@ class RootIndex:
             held.append(key)
         evicted = self.evict(batch.tenants)
         gone = set(evicted)
-        return Committed([k for k in held if k not in gone], [k for k in new if k not in gone], evicted, len(new))
+        pins = self.pin(PinBatch(batch.keys, batch.ttls)) if batch.ttls else PinOutcome()
+        kept = [k for k in held if k not in gone]
+        return Committed(kept, [k for k in new if k not in gone], evicted, len(new), pins)
+
+    def pin(self, batch: PinBatch) -> PinOutcome:
+        """Touch and pin the held keys of ``batch`` for their TTLs (or extend
+        their pins); each file is pinned or refused on its own."""
+        out = PinOutcome()
+        for ttl, keys in batch.by_ttl().items():
+            self.touch(keys)
+            out.add(self.tenants.pin(pin_keys(keys), ttl, self.capacity))
+        return out
+
+    def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names; the files age under LRU again."""
+        return self.tenants.unpin(which)
 
     def touch(self, keys: Iterable[bytes]) -> None:
         """Mark keys recently used (those not held are ignored)."""
@@ -115,7 +141,9 @@ class RootIndex:
         """Evict to stay within capacity (and, for ``tenants`` committing now,
         their quotas; ``raykv.core.tenants``). With quotas, another tenant's files
         within its quota go only when no committing tenant is named (a restart's
-        scan, a smaller capacity). Returns the evicted keys, oldest first."""
+        scan, a smaller capacity). Pinned files never go: when only they are
+        left the index stays over capacity until they expire. Returns the
+        evicted keys, oldest first."""
         out: list[bytes] = []
         quotas = bool(self.tenants.quotas)
         committing = list(dict.fromkeys(tenants)) if quotas else []
@@ -126,7 +154,11 @@ class RootIndex:
             victim = self.tenants.shared_victim(None) if quotas else None
             if victim is None and quotas:
                 victim = next((v for t in committing if (v := self.tenants.shared_victim(t))), None)
-            self._pop(victim if victim is not None else next(iter(self._sizes)), out)
+            if victim is None:
+                victim = self.tenants.oldest() if self.tenants.pins else next(iter(self._sizes))
+            if victim is None:
+                break  # only pinned files are left
+            self._pop(victim, out)
         return out
 
     def _pop(self, key: bytes, out: list[bytes]) -> None:

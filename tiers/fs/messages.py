@@ -7,7 +7,8 @@
   present), sent in one ``commit`` per control round, and which of them did
   not stay.
 
-The other calls carry plain values: ``touch(keys)``, ``remove(keys, reason,
+``pin`` takes a ``raykv.core.pins.PinBatch`` and ``unpin`` an ``Unpin`` (both
+answer how many blocks). The other calls carry plain values: ``touch(keys)``, ``remove(keys, reason,
 details) -> int``, ``set_capacity(bytes) -> list[bytes]``,
 ``drop_identities(tags) -> int``; ``describe`` / ``tier_stats`` are
 ``raykv.core.wire.Report``.
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION
 
 GiB = 1024**3
 #: Default capacity of a root (the tier's ``capacity_bytes`` option).
@@ -35,6 +38,8 @@ class FsRootSettings:
     tenant_quotas: Mapping[str, int] = field(default_factory=dict)
     #: Temp files (a writer's unfinished store) older than this are removed by the start-up scan.
     tmp_max_age_s: float = 3600.0
+    #: Largest share of the capacity pinned files may take (``raykv.core.pins``; no cap when unlimited).
+    max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class CommitBatch:
     #: Keys an engine did not write because their file existed: the actor checks
     #: on disk those its index lacks (the file may have been evicted since).
     verify: frozenset[bytes] = frozenset()
+    #: Seconds to pin each key (``raykv.core.pins``; 0: unpinned); empty: none pinned.
+    ttls: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

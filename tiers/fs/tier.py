@@ -33,6 +33,7 @@ from raykv.core.fields import namespace_option, opt
 from raykv.core.handles import HolderHandle
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
+from raykv.core.pins import Unpin, cache_ttl_of, max_pinned_fraction_option
 from raykv.core.placement import SHARED, HolderInfo
 from raykv.core.tenants import tenant_quotas_option
 from raykv.core.validate import ConfigError
@@ -81,10 +82,16 @@ class FsOptions:
     tenant_quotas: dict = tenant_quotas_option(
         "bytes of block files under the root", "Set when the root's actor starts"
     )
+    max_pinned_fraction: float = max_pinned_fraction_option()
 
     def actor_settings(self) -> FsRootSettings:
         """What the root's actor runs with, when this engine starts it."""
-        return FsRootSettings(canonical_root(self.root), self.capacity_bytes, dict(self.tenant_quotas))
+        return FsRootSettings(
+            canonical_root(self.root),
+            self.capacity_bytes,
+            dict(self.tenant_quotas),
+            max_pinned_fraction=self.max_pinned_fraction,
+        )
 
 
 class FsTier(DirectoryBackedTier):
@@ -155,9 +162,15 @@ class FsTier(DirectoryBackedTier):
         """Nothing to poll: I/O threads and the control thread finish jobs."""
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Mark keys used; a request with ``cache_ttl_s`` pins them (or extends their pins)."""
         if keys and not self._closed:
             scope = self.key_scope(req_context)
-            self._control.touch([self.scope(bytes(k), scope=scope) for k in keys])
+            scoped = [self.scope(bytes(k), scope=scope) for k in keys]
+            ttl = cache_ttl_of(req_context)
+            if ttl is None:
+                self._control.touch(scoped)
+            else:
+                self._control.pin(scoped, ttl)
 
     def submit_store(self, job: TransferJob) -> None:
         self._submit(job, store=True)
@@ -298,6 +311,14 @@ class FsTier(DirectoryBackedTier):
         answer = ray.get(self.actor.stats.remote(), timeout=self.options.control_timeout_s)
         if not isinstance(answer, HolderStats):
             raise TypeError(f"fs root actor answered stats with {type(answer).__name__}")
+        return answer
+
+    def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names at the root's actor (blocking; tools):
+        the files then age under LRU. How many were unpinned."""
+        answer = ray.get(self.actor.unpin.remote(which), timeout=self.options.control_timeout_s)
+        if not isinstance(answer, int):
+            raise TypeError(f"fs root actor answered unpin with {type(answer).__name__}")
         return answer
 
     def shutdown(self) -> None:

@@ -14,9 +14,12 @@ arguments:
   actor are found there (``get_refs`` returns ObjectRefs, never bytes;
   ``remote.PeerFetcher``) and pulled through Ray's object manager by
   ``ray.get``, then copied. Each key succeeds or fails on its own.
+- ``replicate`` (``replicating.ReplicateCalls``): blocks other nodes' actors
+  hold are pulled as a load pulls them and stored as this node's own packs,
+  as a store stores them (``raykv warm --all-nodes``).
 
 The actor is the Ray shell around plain classes that run without Ray:
-``PackStore`` (packs, LRU, capacity, tenant quotas, what a store or load
+``PackStore`` (packs, LRU, capacity, tenant quotas, pins, what a store or load
 decides), ``RegionMap``, ``PeerSearch`` (whom to ask) and ``copying``. It keeps
 ``ray.put`` / ``ray.get``, the calls to the directory and to other nodes'
 actors (``remote``), the store lock and the copy threads.
@@ -39,18 +42,21 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.core import naming
+from raykv.core.pins import REFUSED_COUNTERS
 from raykv.core.tenants import DEFAULT_TENANT, fmt_tenants
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import LoadAnswer, Report, StoreAnswer
 from raykv.engine.primary import RegionHandle
 from raykv.holders.holder_actor import HolderActor, runs_to_end, settle, start_on_node
 from tiers.object_store import copying
-from tiers.object_store.messages import TIER_TYPE, ObjectStoreSettings, PackRef, holder_info
+from tiers.object_store.index_calls import IndexCalls
+from tiers.object_store.messages import TIER_TYPE, ObjectStoreSettings, holder_info
 from tiers.object_store.pack_store import PackStore, StorePlan, StoreRefused, registering
 from tiers.object_store.packing import Pack
 from tiers.object_store.regions import RegionMap
 from tiers.object_store.remote import PeerFetcher, fetch_packs
-from tiers.object_store.timings import Timings
+from tiers.object_store.replicating import ReplicateCalls
+from tiers.object_store.timings import Timings, slow_load
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +75,7 @@ METRIC_COUNTERS = {
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=10_000)  # type: ignore[call-overload]  # Ray's stubs lack max_concurrency
-class ObjectStoreActor(HolderActor):
+class ObjectStoreActor(IndexCalls, ReplicateCalls, HolderActor):
     """The node's owner of packed KV blocks in plasma, with LRU byte capacity."""
 
     def __init__(self, node_id: str, namespace: str, settings: ObjectStoreSettings) -> None:
@@ -78,9 +84,10 @@ class ObjectStoreActor(HolderActor):
         self.settings = settings
         self.requested_capacity = settings.capacity_bytes
         self.packs = PackStore(settings, ray.put)
+        self.counters.update(dict.fromkeys(REFUSED_COUNTERS.values(), 0))
         self.regions = RegionMap(node_id)
         self.plasma_bytes = 0
-        self.timings = Timings(("store", "load", "put"))
+        self.timings = Timings(("store", "load", "put", "replicate"))
         self.peers = PeerFetcher(self.info.actor_name, node_id, namespace, settings.remote_timeout_s, self.counters)
         self._store_lock = asyncio.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raykv-os-copy")
@@ -141,26 +148,30 @@ class ObjectStoreActor(HolderActor):
         keys: Sequence[bytes],
         chunk_ids: Sequence[int],
         tenant: str = DEFAULT_TENANT,
+        cache_ttl_s: float | None = None,
     ) -> StoreAnswer:
         """Put the blocks of ``keys`` (at ``chunk_ids`` of ``region``) into plasma,
-        charged to ``tenant`` (``raykv.core.tenants``: quotas and per-tenant LRU).
+        charged to ``tenant`` (``raykv.core.tenants``: quotas and per-tenant LRU),
+        and pinned for ``cache_ttl_s`` seconds when given (``raykv.core.pins``;
+        a refused pin is counted and the blocks stay, unpinned).
 
-        Keys already held are skipped (and touched). Answers the bytes stored,
+        Keys already held are skipped (and touched; pinned or their pins
+        extended with a TTL). Answers the bytes stored,
         or ``error`` (nothing new is stored then; or already-held keys of the
         job were evicted to make room for its new blocks).
         """
         await self._started
-        t0 = time.perf_counter()
         self.counters["store_calls"] += 1
         try:
-            return await self._store(region, keys, chunk_ids, tenant, t0)
+            return await self._store(region, keys, chunk_ids, tenant, cache_ttl_s)
         finally:
             # (visible state: no store in flight once it equals store_calls)
             self.counters["stores_answered"] += 1
 
     async def _store(
-        self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int], tenant: str, t0: float
+        self, region: RegionHandle, keys: Sequence[bytes], chunk_ids: Sequence[int], tenant: str, ttl_s: float | None
     ) -> StoreAnswer:
+        t0 = time.perf_counter()
         try:
             async with self._store_lock:
                 try:
@@ -169,9 +180,11 @@ class ObjectStoreActor(HolderActor):
                     raise StoreRefused(f"cannot map primary region {region.path}: {e}") from e
                 plan = self.packs.plan_store(keys, chunk_ids, region.num_chunks, region.bytes_per_chunk, tenant)
                 if not plan.new_keys:
+                    self.packs.pin(plan.held, ttl_s).count_into(self.counters)
                     return StoreAnswer()
                 unregister = await self._evict_for(plan)
                 packs, register = await self._put(array, plan, unregister)
+                self.packs.pin([*plan.held, *plan.new_keys], ttl_s).count_into(self.counters)
         except StoreRefused as e:
             if e.counter:
                 self.counters[e.counter] += 1
@@ -252,13 +265,16 @@ class ObjectStoreActor(HolderActor):
         remote = []
         if plan.remote:
             remote = await self.peers.find(self._directory, keys, plan.remote, sources or {}, plan.errors)
+        phases = [("find", time.perf_counter() - t0)]
         done: list[int] = []
         # Local values are zero-copy numpy views into this node's plasma.
         for packs, timeout, what in (
             (plan.local, None, "local pack unreadable"),
             (remote, self.settings.remote_timeout_s, "pull failed"),
         ):
+            t1 = time.perf_counter()
             ready = await fetch_packs(packs, timeout, what, plan.errors)
+            phases.append(("get local" if packs is plan.local else "pull", time.perf_counter() - t1))
             if ready:
                 ok, bad = await copying.copy_in_threads(self._pool, array, bpc, chunk_ids, ready, deadline)
                 done += ok
@@ -271,24 +287,10 @@ class ObjectStoreActor(HolderActor):
         self.counters["loaded_bytes"] += len(done) * bpc
         self._publish()
         self.timings.add("load", time.perf_counter() - t0)
+        slow_load(job_id, len(keys), len(plan.local), len(remote), time.perf_counter() - t0, phases)
         return LoadAnswer(ok=tuple(sorted(done)), errors=plan.errors, bytes=len(done) * bpc)
 
     # -- other API ---------------------------------------------------------
-    async def get_refs(self, keys: Sequence[bytes]) -> list[PackRef]:
-        """For another node's actor: the packs holding ``keys`` (ObjectRefs, not
-        bytes; items name positions in ``keys``). Keys not held are absent;
-        found keys count as used (LRU)."""
-        await self._started
-        self.counters["get_refs_calls"] += 1
-        refs, found = self.packs.refs_for(keys)
-        self.counters["served_remote"] += found
-        return refs
-
-    async def touch(self, keys: Sequence[bytes]) -> int:
-        await self._started
-        self.counters["touches"] += 1
-        return self.packs.index.touch(keys)
-
     async def drop_identities(self, tags: Sequence[bytes]) -> int:
         """Forget every block whose key starts with one of ``tags`` (``raykv
         invalidate``): out of the index and the directory, packs released."""
@@ -302,10 +304,6 @@ class ObjectStoreActor(HolderActor):
             await self._unregister(removed)
             self._publish()
         return len(removed)
-
-    async def holds(self, keys: Sequence[bytes]) -> list[bool]:
-        await self._started
-        return [k in self.packs.index for k in keys]
 
     def tier_stats(self) -> Report:
         return {

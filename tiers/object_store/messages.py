@@ -10,9 +10,15 @@
 
 Store and load jobs answer ``raykv.core.wire.StoreAnswer`` / ``LoadAnswer``
 (they take a ``RegionHandle``, keys, chunk ids and, for a load, the hint
-``sources``: actor name -> positions). The other calls carry plain values:
-``touch(keys) -> int``, ``holds(keys) -> list[bool]``, ``drop_identities(tags)
--> int``; ``describe`` / ``tier_stats`` are ``raykv.core.wire.Report``.
+``sources``: actor name -> positions; a store also the tenant and the pin TTL).
+``pin`` takes a ``raykv.core.pins.PinBatch`` and ``unpin`` an ``Unpin`` (both
+answer how many blocks). ``replicate(keys, tenant, cache_ttl_s)`` copies blocks
+other nodes' actors hold into this node's plasma and answers a
+``ReplicateAnswer`` (``raykv warm --all-nodes``). The other calls carry plain
+values: ``touch(keys) -> int``, ``holds(keys) -> list[bool]``,
+``pinned_keys(tenant, min_seconds_left) -> list[bytes]``,
+``drop_identities(tags) -> int``; ``describe`` / ``tier_stats`` are
+``raykv.core.wire.Report``.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from raykv.core import naming
-from raykv.core.wire import PLASMA, HolderInfo
+from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION
+from raykv.core.wire import PLASMA, HolderInfo, Report
 from tiers.object_store.packing import PIECE_BYTES
 
 GiB = 1024**3
@@ -54,6 +61,8 @@ class ObjectStoreSettings:
     remote_timeout_s: float = 30.0
     #: Bytes each tenant may keep (``raykv.core.tenants``); empty: no quotas.
     tenant_quotas: Mapping[str, int] = field(default_factory=dict)
+    #: Largest share of the capacity pinned blocks may take (``raykv.core.pins``).
+    max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION
 
 
 #: The defaults, for the tier's options (stated once, above).
@@ -70,3 +79,46 @@ class PackRef(NamedTuple):
     block_bytes: int
     #: (position in the keys asked, index of the block in the pack).
     items: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class ReplicateAnswer:
+    """What one node's actor's ``replicate`` did with the keys it was sent.
+
+    Every distinct key counts once: in ``copied`` (pulled from another node's
+    actor and stored here), ``held`` (here already; its pin extended),
+    ``not_found`` (no other node's actor had it, or its pull failed) or
+    ``not_stored`` (found, but no room here: ``error`` says why).
+    """
+
+    node_id: str
+    copied: int = 0
+    copied_bytes: int = 0
+    held: int = 0
+    not_found: int = 0
+    not_stored: int = 0
+    #: Blocks pinned or whose pins were extended (copied and held ones).
+    pinned: int = 0
+    #: Blocks stored but left unpinned, per reason (``raykv.core.pins``: tier_cap, tenant_quota).
+    pins_refused: Mapping[str, int] = field(default_factory=dict)
+    #: Why found blocks were not stored (no room, over the tier or tenant's capacity, put failed).
+    error: str | None = None
+
+    @property
+    def refused(self) -> int:
+        """Blocks not stored plus blocks stored unpinned."""
+        return self.not_stored + sum(self.pins_refused.values())
+
+    def report(self) -> Report:
+        """As one JSON object."""
+        return {
+            "node_id": self.node_id,
+            "copied": self.copied,
+            "copied_bytes": self.copied_bytes,
+            "held": self.held,
+            "not_found": self.not_found,
+            "not_stored": self.not_stored,
+            "pinned": self.pinned,
+            "pins_refused": {**self.pins_refused},
+            "error": self.error,
+        }

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from raykv.core.pins import PinOutcome
 from raykv.core.wire import Report
 from tiers.object_store import packing
 from tiers.object_store.messages import ObjectStoreSettings, PackRef
@@ -69,7 +70,7 @@ class PackStore:
 
     def __init__(self, settings: ObjectStoreSettings, put: Callable[[object], object]) -> None:
         self.settings = settings
-        self.index = PackIndex(settings.capacity_bytes, settings.tenant_quotas)
+        self.index = PackIndex(settings.capacity_bytes, settings.tenant_quotas, settings.max_pinned_fraction)
         self._put = put
         self._pack_ids = itertools.count()
 
@@ -119,13 +120,13 @@ class PackStore:
 
     def has_room(self, plan: StorePlan) -> bool:
         """Whether ``plan``'s new blocks fit now (after ``make_room``: tenant
-        quotas may protect other tenants' blocks)."""
-        return self.index.used + plan.nbytes <= self.index.capacity
+        quotas may protect other tenants' blocks, and pinned blocks stay)."""
+        return self.index.fits(plan.nbytes, plan.tenant)
 
     def no_room(self, plan: StorePlan) -> StoreRefused:
         return StoreRefused(
             f"store of {len(plan.new_keys)} blocks for tenant {plan.tenant!r}: no room left without "
-            "evicting other tenants' blocks within their quotas",
+            "evicting pinned blocks or other tenants' blocks within their quotas",
             "store_no_room",
         )
 
@@ -146,6 +147,11 @@ class PackStore:
     def add(self, packs: Iterable[Pack]) -> None:
         for pack in packs:
             self.index.add(pack)
+
+    def pin(self, keys: Iterable[bytes], ttl_s: float | None) -> PinOutcome:
+        """Pin held ``keys`` (their packs) for ``ttl_s`` seconds, or extend their
+        pins; refused blocks stay held unpinned (``raykv.core.pins``)."""
+        return self.index.pin(keys, ttl_s) if ttl_s else PinOutcome()
 
     def lost(self, plan: StorePlan) -> list[bytes]:
         """Keys the job found held that its own eviction then removed."""
@@ -205,6 +211,7 @@ class PackStore:
             "tenant_bytes": {**index.tenants.bytes_by_tenant()},
             "tenant_quotas": {**index.tenants.quotas},
             "evicted_packs": index.evicted_packs,
+            **index.tenants.pin_report(),
         }
 
 

@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION, PinOutcome, Unpin
 from raykv.core.tenants import DEFAULT_TENANT, TenantLRU
 
 #: Largest buffer Ray copies into plasma with a plain (single-thread) memcpy.
@@ -125,10 +127,17 @@ class CapacityError(ValueError):
 class PackIndex:
     """Keys -> (pack, position), LRU order, live keys per pack, bytes held."""
 
-    def __init__(self, capacity_bytes: int, tenant_quotas: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        tenant_quotas: Mapping[str, int] | None = None,
+        max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.capacity = int(capacity_bytes)
         self.used = 0  # bytes of live packs (what plasma holds for us)
-        self.tenants = TenantLRU(tenant_quotas)  # bytes per tenant; victims under quotas
+        #: Bytes per tenant; victims under quotas and pins (``raykv.core.pins``).
+        self.tenants = TenantLRU(tenant_quotas, max_pinned_fraction, clock)
         self._keys: OrderedDict[bytes, tuple[Pack, int]] = OrderedDict()
         self._packs: dict[int, Pack] = {}
         self.evicted_keys = 0
@@ -166,8 +175,9 @@ class PackIndex:
 
         With tenant quotas the victims follow ``raykv.core.tenants``: ``tenant``'s
         own packs while it is over its quota, then packs of tenants with no
-        quota or over it, then its own. The result may leave no room (only
-        other tenants' blocks within their quotas are left): check ``used``.
+        quota or over it, then its own. Pinned packs are never victims. The
+        result may leave no room (only other tenants' blocks within their
+        quotas, or pinned ones, are left): check ``fits``.
         """
         if nbytes > self.capacity:
             raise CapacityError(f"needs {nbytes} bytes but the capacity is {self.capacity} bytes")
@@ -176,7 +186,7 @@ class PackIndex:
             raise CapacityError(f"needs {nbytes} bytes but tenant {tenant!r} has a quota of {quota} bytes")
         keys: list[bytes] = []
         packs: list[Pack] = []
-        if not self.tenants.quotas:
+        if not self.tenants.quotas and not self.tenants.pins:
             while self.used + nbytes > self.capacity and self._keys:
                 self._evict_pack(next(iter(self._keys.values()))[0], keys, packs)
         else:
@@ -187,6 +197,26 @@ class PackIndex:
         self.evicted_keys += len(keys)
         self.evicted_packs += len(packs)
         return keys, packs
+
+    def fits(self, nbytes: int, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether ``nbytes`` more fit the capacity and ``tenant``'s quota now."""
+        return self.used + nbytes <= self.capacity and self.tenants.fits(tenant, nbytes)
+
+    def pin(self, keys: Iterable[bytes], ttl_s: float) -> PinOutcome:
+        """Pin the packs of held ``keys`` for ``ttl_s`` seconds (or extend their
+        pins): a pack is pinned whole or refused whole (``TenantLRU.pin``), as
+        an eviction takes it whole."""
+        groups: dict[int, list[bytes]] = {}
+        for k in keys:
+            entry = self._keys.get(k)
+            if entry is not None and entry[0].pack_id not in groups:
+                pack = entry[0]
+                groups[pack.pack_id] = [p for p in pack.keys if (e := self._keys.get(p)) is not None and e[0] is pack]
+        return self.tenants.pin(groups.values(), ttl_s, self.capacity)
+
+    def unpin(self, which: Unpin) -> int:
+        """Drop the pins ``which`` names; their packs age under LRU again."""
+        return self.tenants.unpin(which)
 
     def _evict_pack(self, pack: Pack, keys: list[bytes], packs: list[Pack]) -> None:
         for k in pack.keys:

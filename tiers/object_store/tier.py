@@ -32,6 +32,7 @@ from raykv.core.errors import RaykvError
 from raykv.core.fields import namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
+from raykv.core.pins import PinBatch, Unpin, cache_ttl_of, max_pinned_fraction_option
 from raykv.core.tenants import tenant_of, tenant_quotas_option
 from raykv.core.wire import PLASMA, HolderInfo
 from raykv.engine.actor_tier import ActorCallTier
@@ -84,6 +85,7 @@ class ObjectStoreOptions:
     tenant_quotas: dict[str, int] = tenant_quotas_option(
         "bytes of blocks on each node", "Set when a node's actor starts"
     )
+    max_pinned_fraction: float = max_pinned_fraction_option()
 
     def actor_settings(self) -> ObjectStoreSettings:
         """What a node's actor started for these options runs with."""
@@ -94,6 +96,7 @@ class ObjectStoreOptions:
             piece_bytes=self.piece_bytes,
             remote_timeout_s=max(0.1, self.job_timeout_s / 2),
             tenant_quotas=dict(self.tenant_quotas),
+            max_pinned_fraction=self.max_pinned_fraction,
         )
 
 
@@ -128,6 +131,7 @@ class ObjectStoreTier(ActorCallTier):
         self.actor = self.ensure_actor(self.services, options, self.node_id)
         self._lock = threading.Lock()
         self._touches: dict[bytes, None] = {}
+        self._pins: dict[bytes, float] = {}  # key -> longest TTL asked this step
         self.liveness = ActorLiveness(self.actor, f"object store actor of node {self.node_id}")
 
     # -- services ------------------------------------------------------------
@@ -159,9 +163,11 @@ class ObjectStoreTier(ActorCallTier):
         return holder.tier_type == TIER_TYPE and holder.medium == PLASMA and self.liveness.alive
 
     def submit_store(self, job: TransferJob) -> None:
-        tenant = tenant_of(job.req_context)
+        tenant, ttl = tenant_of(job.req_context), cache_ttl_of(job.req_context)
         self.send_job(
-            "store", job, lambda keys, chunks: self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant)
+            "store",
+            job,
+            lambda keys, chunks: self.actor.store.remote(job.job_id, self.region, keys, chunks, tenant, ttl),
         )
 
     def submit_load(self, job: TransferJob) -> None:
@@ -187,11 +193,18 @@ class ObjectStoreTier(ActorCallTier):
         return out
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Queued; sent to the node's actor once per step (``on_schedule_end``)."""
+        """Queued; sent to the node's actor once per step (``on_schedule_end``).
+        A request with ``cache_ttl_s`` pins the keys (or extends their pins)."""
         if keys and not self._closed:
+            ttl = cache_ttl_of(req_context)
             with self._lock:
                 scope = self.key_scope(req_context)
-                self._touches.update(dict.fromkeys(self.scope(bytes(k), scope=scope) for k in keys))
+                scoped = [self.scope(bytes(k), scope=scope) for k in keys]
+                if ttl is None:
+                    self._touches.update(dict.fromkeys(scoped))
+                else:
+                    for k in scoped:
+                        self._pins[k] = max(ttl, self._pins.get(k, 0.0))
 
     def on_schedule_end(self) -> None:
         super().on_schedule_end()
@@ -199,16 +212,28 @@ class ObjectStoreTier(ActorCallTier):
             self.liveness.poll()
         with self._lock:
             touches, self._touches = self._touches, {}
+            pins, self._pins = self._pins, {}
         if touches and not self._closed:
             try:
                 self.actor.touch.remote(list(touches))
             except Exception as e:  # best effort
                 logger.debug("object_store touch not sent: %r", e)
+        if pins and not self._closed:
+            try:
+                self.actor.pin.remote(PinBatch(tuple(pins), tuple(pins.values())))
+            except Exception as e:  # best effort
+                logger.debug("object_store pin not sent: %r", e)
 
     # -- tools -----------------------------------------------------------------
     def stats(self, timeout: float = 30.0) -> HolderStats:
         """The node actor's stats (blocking; tools and tests): the tier's own in ``figures``."""
         ref: ray.ObjectRef[HolderStats] = self.actor.stats.remote()
+        return ray.get(ref, timeout=timeout)
+
+    def unpin(self, which: Unpin, timeout: float = 30.0) -> int:
+        """Drop the pins ``which`` names on this node's actor (blocking; tools):
+        its blocks then age under LRU. How many blocks were unpinned."""
+        ref: ray.ObjectRef[int] = self.actor.unpin.remote(which)
         return ray.get(ref, timeout=timeout)
 
     def shutdown(self) -> None:

@@ -27,7 +27,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob
 
 from raykv.core import contract
 from raykv.core import keys as raykv_keys
-from raykv.core.validate import request_params, request_tenant_value
+from raykv.core.validate import request_params, request_tenant_value, request_ttl_value
 from raykv.integrations.vllm import compat
 
 _LOOKUP = {r.name: LookupResult[r.name] for r in contract.LookupResult}
@@ -54,7 +54,10 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     The tenant comes from ``kv_transfer_params["tenant"]`` (it scopes the
     request's keys: ``raykv.core.tenants``), else from the request's ``cache_salt``
     (vLLM mixes it into its block hashes already; it reaches the tier through
-    ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). Odd
+    ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). The
+    pin lifetime comes from ``kv_transfer_params["cache_ttl_s"]`` (seconds
+    > 0, at most 7 days; a malformed one is ignored with a warning, like a
+    malformed tenant: ``raykv.core.validate.request_ttl_value``). Odd
     ``kv_transfer_params`` (not a dict) are treated as none.
     """
     cached = ctx.get_state(contract.ReqContext)
@@ -67,6 +70,7 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
         req_id=ctx.req_id,
         kv_transfer_params=params,
         tenant=request_tenant_value(params.get("tenant")) if params else None,
+        cache_ttl_s=request_ttl_value(params.get("cache_ttl_s")) if params else None,
         prefix_keys=(lambda: list(positions)) if positions is not None else None,
         cache_salt=salt,
     )

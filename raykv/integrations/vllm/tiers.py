@@ -59,6 +59,7 @@ from raykv.core import contract  # noqa: E402
 from raykv.core.factory import TierFactory  # noqa: E402
 from raykv.core.identity import KVIdentity  # noqa: E402
 from raykv.core.wire import JsonValue  # noqa: E402
+from raykv.engine.pin_renewal import PinRenewals  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.convert import (  # noqa: E402
     to_raykv_context,
@@ -224,6 +225,8 @@ class RaykvTier(SecondaryTierManager):
         )
         self._stats = TierStats(tier_type)
         self._locality = Locality.LOCAL
+        #: Requests with ``cache_ttl_s`` whose prompt keys this tier touches once listed.
+        self.pin_renewals = PinRenewals()
         # raykv's time on the scheduler thread: every contract method below adds
         # its own to the engine's meter. A step ends at the last raykv tier's
         # on_schedule_end: vLLM 0.29-0.33 call every tier's once per scheduler
@@ -288,7 +291,9 @@ class RaykvTier(SecondaryTierManager):
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         t0 = _now()
         try:
-            return to_vllm_request_context(self.raykv_tier.on_new_request(to_raykv_context(req_context)))
+            ctx = to_raykv_context(req_context)
+            self.pin_renewals.add(ctx)  # vLLM never calls touch: a TTL request's pins renew here
+            return to_vllm_request_context(self.raykv_tier.on_new_request(ctx))
         finally:
             self.step_cost.ns += _now() - t0
 
@@ -305,6 +310,9 @@ class RaykvTier(SecondaryTierManager):
         cost = self.step_cost
         t0 = _now()
         try:
+            if self.pin_renewals:
+                for ctx, keys in self.pin_renewals.due():
+                    self.raykv_tier.touch(keys, ctx)
             self.raykv_tier.on_schedule_end()
         finally:
             cost.ns += _now() - t0

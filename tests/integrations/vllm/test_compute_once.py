@@ -83,11 +83,12 @@ def _meet_while_a_computes(services, a, node_a: str, prompt: list[int], **kw) ->
 
 @pytest.mark.unstable
 def test_a_replica_waits_for_the_prefix_another_is_computing(two_replicas) -> None:
-    """Unstable until it has run more: it passed 2 of 4 runs here (2026-11-27), B computing
-    the prompt without waiting when it failed. The likely cause, fixed since (de9ccc8): A's
-    first block's entry ended before that block's registration reached B's node, and B
-    looked only at that block's entry. After the fix: 3 of 3 here. Kept out of CI until it
-    has a longer record."""
+    """B, sent while A computes the prompt, waits and loads every full block from raykv.
+
+    Unstable: run alone (``make test-unstable``) it passed 10 of 10 runs on 2026-11-27
+    (after de9ccc8, and with the short-compute rule reverted), but inside ``make test-vllm``,
+    after the other real-engine tests, it failed both times CI ran it there: B computed the
+    prompt (0 cached tokens) without waiting. Cause not found; kept out of CI until it is."""
     a, b, services, nodes = two_replicas
     prompt = make_prompt_tokens(PROMPT_LEN, 41)
     on_a = _meet_while_a_computes(services, a, nodes[0], prompt)

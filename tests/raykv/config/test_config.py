@@ -81,7 +81,7 @@ def test_tier_option_errors():
     with pytest.raises(ConfigError) as e:
         validate_tier_config({"type": "example", "colour": "red"}, "secondary_tiers[0]")
     assert e.value.field == "secondary_tiers[0].colour"
-    assert "allowed keys: capacity_blocks, request_level" in str(e.value)
+    assert "allowed keys: capacity_blocks, max_pinned_fraction, request_level" in str(e.value)
 
 
 def test_fs_tier_needs_root_and_nonnegative_capacity():

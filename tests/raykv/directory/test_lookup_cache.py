@@ -46,3 +46,23 @@ def test_a_store_of_a_key_never_looked_up_is_not_cached(services) -> None:
     cache = LookupCache(services.directory, ttl_s=60.0)
     cache.note_stored([KEY], _holder())
     assert cache.get(KEY) is None
+
+
+def test_an_answer_that_came_back_ends_pending_work_without_a_lookup(services) -> None:
+    """An idle engine asks its tiers ``has_pending_work`` each loop: once the directory
+    answered, the cache says no, with no lookup (``poll``) needed to take the answer in."""
+    import time
+
+    cache = LookupCache(services.directory, ttl_s=60.0)
+    assert not cache.has_pending()
+    cache.request(KEY)
+    assert cache.has_pending()  # queued, not sent yet
+    cache.flush()
+    round_before = cache.round
+    deadline = time.monotonic() + 30
+    while cache.has_pending() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert not cache.has_pending()
+    assert cache.get(KEY) == []  # the answer is in: nobody holds it
+    cache.flush()
+    assert cache.round == round_before  # taking answers in is not a lookup round

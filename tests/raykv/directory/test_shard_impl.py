@@ -89,3 +89,21 @@ def test_pending_entries_are_listed_apart_from_held_keys():
     assert _holders(s, [pending_key(k) for k in keys[4:]]) == [{"pending:n1:7"}] * 6
     s.unregister("pending:n1:7", [pending_key(k) for k in keys[4:]])
     assert (s.stats().keys, s.stats().pending_keys) == (4, 0)
+
+
+def test_the_first_claim_of_a_pending_key_wins():
+    """Compute once: engines that announce the same block at once each claim it; the
+    shard serialises them, so exactly the first is told nobody listed it before."""
+    s = DirectoryShardImpl(0, 1)
+    for name in ("p1", "p2", "p3"):
+        s.add_holder(_info(name, PENDING))
+    pk = pending_key(prefix_keys(list(range(16)), 16)[0])
+    assert s.claim("p2", [pk]) == 0  # first
+    assert s.claim("p1", [pk]) == 1  # p2 came first
+    assert s.claim("p2", [pk]) == 1  # asking again: p1 is there now; still registered once
+    assert s.claim("p3", [pk]) == 2
+    assert _holders(s, [pk]) == [{"p1", "p2", "p3"}]
+    assert s.claim("unknown", [pk]) == -1  # a holder the shard does not know registers nothing
+    s.unregister("p2", [pk])
+    s.unregister("p1", [pk])
+    assert s.claim("p1", [pk]) == 1  # p3 still computes it

@@ -19,7 +19,7 @@ from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.identity import DEFAULT_IDENTITY, KVIdentity, scoped_keys
 from raykv.core.keys import PENDING_GROUP, pending_key, prefix_keys
 from raykv.core.wire import PENDING
-from raykv.engine.pending import WAIT_FACTOR, WAIT_SLACK_S, PendingBook
+from raykv.engine.pending import CLAIM_SHARE, MIN_CLAIM_S, WAIT_FACTOR, WAIT_SLACK_S, PendingBook
 from tests.waiting import wait_until
 
 BLOCK = 4096
@@ -64,6 +64,18 @@ def test_the_rule_waits_until_measured_numbers_say_computing_is_cheaper() -> Non
     book.load_s_per_block = 0.2
     assert book.decide(8) == 0.0
     assert book.counts["wait"] == 3 and book.counts["compute"] == 1 and book.counts["announce"] == 1
+
+
+def test_a_claim_holds_back_a_share_of_the_compute() -> None:
+    book, clock = _book(max_wait_s=5.0)
+    assert book.claim_budget_s(4) == MIN_CLAIM_S  # nothing measured yet: the floor
+    keys = prefix_keys(list(range(4 * 16)), 16)
+    book.announce(keys)
+    clock.now += 0.4
+    book.stored(keys)  # 0.1 s per block
+    assert book.claim_budget_s(8) == pytest.approx(CLAIM_SHARE * 0.8)
+    assert book.claim_budget_s(2) == MIN_CLAIM_S
+    assert book.claim_budget_s(1000) == 5.0  # never past the longest wait
 
 
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
@@ -116,6 +128,13 @@ class Engine:
     def end_entries(self, keys: list[bytes]) -> None:
         """End this engine's pending entries of ``keys`` as a store of them would, storing nothing."""
         self.tier._pending.book.stored([self.tier.scope(k) for k in keys])
+
+    def measured(self, compute_s_per_block: float) -> None:
+        """Give this process a measured compute time (as earlier stores would), once
+        its pending holder is up (as an engine's is by its first request)."""
+        book = self.tier._pending.book
+        book.compute_s_per_block = compute_s_per_block
+        ray.get(book._handle().ready.remote(), timeout=30)
 
     def decisions(self) -> dict[str, int]:
         rule = self.tier._pending
@@ -200,6 +219,51 @@ def test_a_request_waits_while_its_later_blocks_are_pending(services) -> None:
         assert ray.get(a.store.remote(keys))
         assert _settled(b, keys, "b-5")[0] == ["HIT"] * 5
         assert ray.get(b.decisions.remote())["loaded"] == 1
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
+    """Both get the same new prefix at the same moment, so both announce it; the one
+    whose entry reached the directory second sees the other's first, withdraws its
+    own and waits; the first computes. Their measured compute time (0.5 s a block)
+    gives each up to 0.3 s to see whose entry came first."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(45_000, 45_000 + 6 * 16)), 16)
+    try:
+        ray.get([a.measured.remote(0.5), b.measured.remote(0.5)])
+        answers: dict[str, list[list[str]]] = {"a": [], "b": []}
+
+        def one_settled() -> bool:
+            now = ray.get([a.step.remote(keys, "a-6"), b.step.remote(keys, "b-6")])
+            answers["a"].append(now[0])
+            answers["b"].append(now[1])
+            return "MISS" in (now[0][-1], now[1][-1])
+
+        wait_until(one_settled, timeout_s=10, what="one engine to compute", interval_s=0.02)
+        computes, waits = (a, b) if answers["a"][-1] == ["MISS"] else (b, a)
+        waiter = "b-6" if waits is b else "a-6"
+
+        def waiting() -> bool:  # (it may still be checking its claim: RETRY all along)
+            assert ray.get(waits.step.remote(keys, waiter)) == ["RETRY"]
+            return ray.get(waits.decisions.remote())["wait"] == 1
+
+        wait_until(waiting, timeout_s=10, what="the other engine to wait", interval_s=0.02)
+        for _ in range(5):  # and it goes on waiting while the first computes
+            assert ray.get(waits.step.remote(keys, waiter)) == ["RETRY"]
+        first, second = ray.get([computes.decisions.remote(), waits.decisions.remote()])
+        assert first["announce"] == 1 and first["yield"] == 0, first
+        # the second either yielded its own announcement or saw the first's before announcing
+        assert second["announce"] - second["yield"] == 0 and second["wait"] == 1, second
+        wait_until(
+            lambda: all(len(hs) == 1 for hs in _pending_holders(services, keys)),
+            timeout_s=10,
+            what="one engine's entries only",
+        )
+        assert ray.get(computes.store.remote(keys))
+        answers_b, _ = _settled(waits, keys, waiter)
+        assert answers_b == ["HIT"] * 6
+        assert ray.get(waits.decisions.remote())["loaded"] == 1
     finally:
         ray.get([a.close.remote(), b.close.remote()])
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -22,21 +19,12 @@ from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import scrape
 from raykv.ops.status import collect_status, format_status
+from tests.cli_run import run_raykv
 from tests.waiting import WaitTimeout, wait_until
 
 BLOCK = 32 * 1024
 NS = "raykv-status-test"
 OS_CAPACITY = 64 * BLOCK
-
-
-def _raykv(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "raykv.ops.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
-    )
 
 
 def _closed_port() -> int:
@@ -48,14 +36,14 @@ def _closed_port() -> int:
 def test_status_without_a_reachable_cluster_says_so() -> None:
     port = _closed_port()
     t0 = time.monotonic()
-    out = _raykv("status", "--json", "--address", f"127.0.0.1:{port}")
+    out = run_raykv("status", "--json", "--address", f"127.0.0.1:{port}")
     assert out.returncode == 2, out
     assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
     assert "ray start --head" in out.stderr
     assert out.stdout == ""
     assert time.monotonic() - t0 < 30  # not Ray's minute of GCS retries
     # The address from RAY_ADDRESS (what `ray` itself reads) gets the same check.
-    out = _raykv("status", env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
+    out = run_raykv("status", env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
     assert out.returncode == 2, out
     assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
 
@@ -151,7 +139,7 @@ def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> Non
 def test_status_json_reports_tiers_and_occupancy(filled) -> None:
     services, root, placed, totals = filled
     address = ray.get_runtime_context().gcs_address
-    out = _raykv("status", "--json", "--namespace", NS, "--address", address)
+    out = run_raykv("status", "--json", "--namespace", NS, "--address", address)
     assert out.returncode == 0, out.stderr[-3000:]
     _check(json.loads(out.stdout), root, placed, totals)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raykv.serve.load_book import InflightRequests, PredictedWork
+from raykv.serve.load_book import InflightRequests, PredictedWork, RecentPrefixes
 
 
 def test_requests_count_while_in_flight_on_the_replica_they_were_routed_to() -> None:
@@ -46,3 +46,19 @@ def test_the_routed_replica_is_charged_its_predicted_blocks() -> None:
     assert work.sent("a") == 4.0
     work.routed(5, "a")
     assert work.sent("a") == 5.0
+
+
+def test_blocks_sent_to_a_replica_count_as_held_there_for_a_while() -> None:
+    recent: RecentPrefixes[str] = RecentPrefixes(ttl_s=10.0)
+    keys = [bytes([i]) * 8 for i in range(6)]
+    recent.predict(1, keys[:4])
+    assert recent.leading(keys, now=0.0) == {}  # not routed yet
+    recent.routed(1, "ra", now=0.0)
+    assert recent.leading(keys, now=5.0) == {"ra": 4}
+    assert recent.leading(keys[1:], now=5.0) == {"ra": 3}
+    recent.predict(2, keys[2:])  # a later request computes the rest elsewhere
+    recent.routed(2, "rb", now=6.0)
+    assert recent.leading(keys, now=7.0) == {"ra": 2}
+    assert recent.leading(keys, now=11.0) == {}  # past its time: the directory knows by now
+    recent.routed(3, "rc", now=0.0)  # a request never predicted: nothing recorded
+    assert recent.leading(keys[2:], now=12.0) == {"rb": 4}

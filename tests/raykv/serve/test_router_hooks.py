@@ -29,7 +29,9 @@ from ray.serve.request_router import PendingRequest, ReplicaID
 
 import raykv.serve.router as router_module
 from raykv.core.identity import KVIdentity
+from raykv.core.keys import pending_key
 from raykv.core.placement import ENGINE, HolderInfo
+from raykv.core.wire import PENDING
 from raykv.holders.engine_cache import engine_key
 from raykv.integrations.vllm.hashing import block_hashes
 from raykv.serve import load_book
@@ -241,6 +243,7 @@ class FakeServices:
         self.directory = self
         # no node view (``directory_agent: false``): the router asks ``directory.lookup_async``
         self.lookup_cache = types.SimpleNamespace(view=None)
+        self.config = types.SimpleNamespace(pending_entries=True)
 
     def lookup_async(self, keys: list[bytes]) -> _Lookup:
         return _Lookup([self.holders.get(k, []) for k in keys])
@@ -272,5 +275,39 @@ def test_ranks_by_the_engine_holding_the_prefix_and_skips_it_when_overloaded(tmp
             router.on_request_routed(_request(), b.replica_id, None)
         ranks = await router.choose_replicas([a, b, c], _request(tokens))
         assert ranks[-1] == [b] and b not in ranks[0]
+
+    asyncio.run(main())
+
+
+def test_a_burst_sharing_a_new_prefix_goes_where_it_is_being_computed(tmp_path: Path) -> None:
+    """Compute once (issue 25): the router counts what a replica computes now as held
+    there soon: the prompts it sent there lately, and engines' pending entries."""
+    pytest.importorskip("vllm")
+    tag, block = bytes(range(8)), 4
+    tokens = list(range(1000, 1000 + 6 * block))
+    layout = EngineLayout(tag, block)
+
+    async def main() -> None:
+        a, b, c = FakeReplica("a", "n1"), FakeReplica("b", "n2"), FakeReplica("c", "n3")
+        router = _router(tmp_path, [a, b, c], load_weight=0.5)
+        await _probed(router, [a, b, c])
+        identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
+        router._book.services = FakeServices({tag.hex(): identity}, {})
+        # concurrent decisions (none routed yet) for one new prefix agree on the replica
+        firsts = [(await router.choose_replicas([a, b, c], _request(tokens)))[0] for _ in range(3)]
+        assert firsts[0] == firsts[1] == firsts[2]
+        # once one is routed, the next ones go there too: the prefix is held there soon,
+        # although that replica was given the most new work
+        first = _request(tokens)
+        ranks = await router.choose_replicas([a, b, c], first)
+        chosen = ranks[0][0]
+        router.on_request_routed(first, chosen.replica_id, None)
+        assert (await router.choose_replicas([a, b, c], _request(tokens)))[0] == [chosen]
+        # another router's request computes it on c (its engine's pending entries)
+        other = list(range(5000, 5000 + 6 * block))
+        _, other_tier = request_keys(block_hashes(other, block), layout)
+        on_c = HolderInfo("pending:n3:1", "pending", PENDING, "raykv-pending-c", "raykv", "n3", c.actor_id.hex())
+        router._book.services = FakeServices({tag.hex(): identity}, {pending_key(k): [on_c] for k in other_tier})
+        assert (await router.choose_replicas([a, b, c], _request(other)))[0] == [c]
 
     asyncio.run(main())

@@ -11,9 +11,21 @@ from raykv.core.contract import ReqContext
 from raykv.core.keys import make_offload_key
 from raykv.core.placement import ENGINE, PLASMA, SHARED, HolderInfo
 from raykv.core.tenants import TenantSharing
+from raykv.core.wire import PENDING
 from raykv.holders.engine_cache import ENGINE_GROUP, engine_key
 from raykv.serve.prompts import RoutedPrompt, prompt_of
-from raykv.serve.routing import Candidate, EngineLayout, Match, RankPolicy, match, rank, request_keys
+from raykv.serve.routing import (
+    Candidate,
+    EngineLayout,
+    Match,
+    RankPolicy,
+    affinity,
+    computing,
+    credit_soon_held,
+    match,
+    rank,
+    request_keys,
+)
 from tiers.example.tier import ExampleTier
 
 TAG = bytes(range(8))
@@ -103,3 +115,62 @@ def test_rank_spreads_fresh_prompts_by_the_work_already_sent() -> None:
     (tied,) = rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 4.0, "rb": 0.0})
     assert tied == ["rb", "ra"]  # one rank; Serve takes the first of equal queues
     assert sorted(rank(matches, {})[0]) == ["ra", "rb"]
+
+
+def _pending(owner: str, node: str) -> HolderInfo:
+    return HolderInfo(f"pending:{node}:{owner}", "pending", PENDING, f"raykv-pending-{owner}", "ns", node, owner)
+
+
+def test_blocks_a_replica_computes_now_count_as_its_own_soon() -> None:
+    """Compute once (issue 25): the replica computing a prompt's new blocks (its pending
+    entries) is credited them as its engine cache's; the others as loads of its copy."""
+    # chunk 0 held by a's plasma, chunks 1-2 pending on rb (node b), chunk 3 nobody's
+    tier_found = [[PLASMA_A], [], [], []]
+    pending_found = [[], [_pending("ob", "b")], [_pending("ob", "b")], []]
+    soon = computing(pending_found, tier_found, 2, 8, [A, B, C])
+    assert soon == {"rb": 6}
+    # a hole before the pending chunks: nothing is soon held through it
+    assert computing([[], [_pending("ob", "b")]], [[], []], 2, 4, [A, B]) == {}
+    matches = match([[]] * 8, tier_found, 2, [A, B, C])
+    assert (matches["rb"].engine, matches["rb"].raykv_remote) == (0, 2)
+    credit_soon_held(matches, soon)
+    assert (matches["rb"].engine, matches["rb"].raykv, matches["rb"].recompute) == (6, 0, 2)
+    # ra finds chunk 0 in its node's plasma, and waits for rb's copy of the next two
+    assert (matches["ra"].engine, matches["ra"].raykv_local, matches["ra"].raykv_remote) == (0, 2, 4)
+    assert matches["rc"].raykv == 6
+    ranks = rank(matches, {"ra": 0, "rb": 0, "rc": 0})
+    assert ranks[0] == ["rb"]
+    # while rb's queue is long, the others come first (they wait for its copy)
+    assert rank(matches, {"ra": 0, "rb": 3, "rc": 0})[0] != ["rb"]
+
+
+def test_replicas_that_tie_on_a_new_prefix_are_ordered_by_its_first_block() -> None:
+    """Every router orders tied replicas the same way for one prompt (rendezvous
+    hashing), and different prompts spread over the replicas."""
+    ids = {"ra": "oa", "rb": "ob", "rc": "oc"}
+    matches = {r: Match(total=4) for r in ids}
+    firsts = set()
+    for i in range(30):
+        key = bytes([i]) * 16
+        order = rank(matches, {}, ties=affinity(key, ids))[0]
+        assert order == rank(matches, {}, ties=affinity(key, dict(ids)))[0]  # the same every time
+        firsts.add(order[0])
+    assert firsts == set(ids)
+
+
+def test_a_prefix_pinned_in_one_nodes_plasma_goes_to_that_nodes_replica_unless_it_is_overloaded() -> None:
+    """Prompt caching (issue 27): a pinned prefix is an ordinary held block to the router,
+    so the replica on the node whose object store holds it finds it without a pull."""
+    blocks = 160  # a 20k-token prefix of 128-token blocks, pinned in node a's plasma only
+    got = match([[]] * blocks, [[PLASMA_A]] * blocks, 1, [A, B])
+    assert (got["ra"].raykv_local, got["rb"].raykv_remote) == (blocks, blocks)
+    assert rank(got, {"ra": 0, "rb": 0})[0] == ["ra"]
+    # its queue counts against it: past the overload cap, the other node pulls the prefix instead
+    policy = RankPolicy(load_weight=0.0)
+    assert rank(got, {"ra": 1, "rb": 0}, policy)[0] == ["ra"]
+    assert rank(got, {"ra": 3, "rb": 0}, policy)[0] == ["rb"]
+    # a copy in every node's plasma (raykv warm --all-nodes): both find it locally, load decides
+    plasma_b = HolderInfo("object_store:b", "object_store", PLASMA, "os-b", "ns", "b")
+    both = match([[]] * blocks, [[PLASMA_A, plasma_b]] * blocks, 1, [A, B])
+    assert both["ra"].raykv_local == both["rb"].raykv_local == blocks
+    assert rank(both, {"ra": 1, "rb": 0})[0] == ["rb"]

@@ -7,6 +7,7 @@ import numpy as np
 from raykv.core.contract import LookupResult, OffloadPolicy, ReqContext
 from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
+from raykv.core.pins import Unpin
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 
@@ -75,3 +76,22 @@ def test_jobs_after_shutdown_fail_instead_of_hanging():
         result = drv.store(prefix_keys(list(range(10)), 10), [0], timeout=5)
         assert not result.success and "shut down" in result.error
         assert list(tier.get_finished_jobs()) == []  # exactly one result, already taken
+
+
+def test_pinned_blocks_outlive_lru_until_unpinned():
+    with PrimaryRegion(8, 4096) as region:
+        tier = _tier(region.view, capacity_blocks=4)  # max_pinned_fraction 0.5: 2 blocks
+        keys = prefix_keys(list(range(400)), 10)
+        drv, pin_drv = TierDriver(tier), TierDriver(tier, "pinned")
+        pin_drv.req = ReqContext("pinned", {"cache_ttl_s": 60})
+        assert pin_drv.store(keys[:2], [0, 1]).success
+        assert drv.store(keys[2:4], [2, 3]).success  # the same age, unpinned
+        for i in range(4, 16, 2):  # three times the capacity
+            assert drv.store(keys[i : i + 2], [4, 5]).success
+        assert drv.lookup(keys[:4]) == [LookupResult.HIT] * 2 + [LookupResult.MISS] * 2
+        assert pin_drv.store(keys[20:22], [6, 7]).success  # over the cap: stored, not pinned
+        assert tier.lru.pin_report()["pinned_blocks"] == 2
+        assert tier.unpin(Unpin(everything=True)) == 2
+        assert drv.store(keys[30:34], [0, 1, 2, 3]).success
+        assert drv.lookup(keys[:2]) == [LookupResult.MISS] * 2  # plain LRU again
+        tier.shutdown()

@@ -18,6 +18,7 @@ from raykv.core.contract import LookupResult, ReqContext, TransferJob
 from raykv.core.factory import TierFactory
 from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
+from raykv.core.pins import Unpin
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from tests.waiting import wait_until
@@ -523,3 +524,50 @@ def test_unknown_file_on_disk_is_adopted_by_a_store(raykv_services, tmp_path):
         assert np.array_equal(src.array, dst.array)
         tier.shutdown()
         reader.shutdown()
+
+
+# -- pins (kv_transfer_params["cache_ttl_s"]) ----------------------------------------
+def test_pins_survive_a_flood_are_capped_unpin_and_go_with_their_identity(raykv_services, tmp_path):
+    root = tmp_path / "kv"
+    with PrimaryRegion(8, BLOCK) as src:
+        _fill(src, 9)
+        tier = _tier(raykv_services, root, src.view, capacity_bytes=8 * FILE)  # 4 files may be pinned
+        drv, pin_drv = TierDriver(tier), TierDriver(tier, "pinned")
+        pin_drv.req = ReqContext("pinned", {"cache_ttl_s": 60})
+
+        def stats():
+            return ray.get(tier.actor.stats.remote()).figures
+
+        pinned, twin = _keys(2), _keys(2)
+        assert pin_drv.store(pinned, [0, 1]).success
+        assert drv.store(twin, [2, 3]).success  # the same age, unpinned
+        for _ in range(12):  # 24 files: three times the capacity
+            assert drv.store(_keys(2), [4, 5]).success
+            assert _disk_bytes(root) <= 8 * FILE
+        assert _held(raykv_services, pinned + twin) == [True, True, False, False]
+        assert os.path.exists(_path(root, pinned[0]))
+        figures = stats()
+        assert figures["pinned_blocks"] == 2 and figures["tenant_pinned_bytes"] == {"": 2 * FILE}
+        assert figures["pin_expiries"][0]["blocks"] == 2
+
+        more, over = _keys(2), _keys(2)
+        assert pin_drv.store(more, [6, 7]).success
+        assert pin_drv.store(over, [0, 1]).success  # over the cap: stored, unpinned, counted
+        figures = stats()
+        assert figures["pins_refused_tier_cap"] == 2 and figures["pinned_blocks"] == 4
+        assert _held(raykv_services, over) == [True, True]
+
+        assert tier.unpin(Unpin(keys=tuple(scoped_keys(more)))) == 2
+        tier.touch(more, pin_drv.req)  # a request with a TTL uses them: pinned again
+        wait_until(lambda: stats()["pinned_blocks"] == 4, timeout_s=10, what="touch pinned")
+        assert tier.unpin(Unpin(tenants=("",))) == 4
+        assert stats()["pinned_blocks"] == 0
+
+        assert pin_drv.store(pinned, [0, 1]).success
+        assert stats()["pinned_blocks"] == 2
+        held = stats()["files"]
+        assert ray.get(tier.actor.drop_identities.remote([tier.key_tag])) == held
+        figures = stats()
+        assert figures["files"] == 0 and figures["pinned_blocks"] == 0
+        assert not os.path.exists(_path(root, pinned[0]))
+        tier.shutdown()

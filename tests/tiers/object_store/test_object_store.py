@@ -14,6 +14,7 @@ from raykv.core.contract import LookupResult, ReqContext, TransferJob
 from raykv.core.factory import TierFactory
 from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
+from raykv.core.pins import Unpin
 from raykv.core.units import fmt_bytes
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
@@ -246,3 +247,63 @@ def test_unmapped_view_is_rejected(raykv_services):
     view = memoryview(bytearray(4 * 1024)).cast("B", (4, 1024))
     with pytest.raises(ValueError, match="object_store tier: .*shared-memory file"):
         make_tier(raykv_services, type("R", (), {"view": view})())
+
+
+def test_pins_survive_a_flood_are_capped_expire_unpin_and_go_with_their_identity(fresh_raykv, regions):
+    services = fresh_raykv("raykv-os-pins")
+    block = 64 * 1024
+    src = regions(16, block, seed=5)
+    tier = make_tier(services, src, capacity_bytes=8 * block)  # max_pinned_fraction 0.5: 4 blocks
+    drv = TierDriver(tier)
+    pin_drv, short = TierDriver(tier, "pinned"), TierDriver(tier, "short")
+    pin_drv.req = ReqContext("pinned", {"cache_ttl_s": 60})
+    short.req = ReqContext("short", {"cache_ttl_s": 0.5})
+
+    def holds(keys):
+        return ray.get(tier.actor.holds.remote(scoped_keys(keys)))
+
+    pinned, twin = keys_of(0, 2), keys_of(100, 2)
+    assert pin_drv.store(pinned, [0, 1]).success
+    assert drv.store(twin, [2, 3]).success  # the same age, unpinned
+    for i in range(12):  # 24 blocks: three times the capacity
+        assert drv.store(keys_of(1000 + 10 * i, 2), [4, 5]).success
+    assert holds(pinned + twin) == [True, True, False, False]
+    figures = tier.stats().figures
+    assert figures["pinned_blocks"] == 2 and figures["tenant_pinned_bytes"] == {"": 2 * block}
+    assert figures["pin_expiries"][0]["blocks"] == 2 and 0 < figures["pin_expiries"][0]["seconds_left"] <= 60
+
+    # the tier cap: 4 blocks pinned at most; a refused pin is counted and the blocks still stored
+    more, over = keys_of(200, 2), keys_of(300, 2)
+    assert pin_drv.store(more, [6, 7]).success
+    assert pin_drv.store(over, [8, 9]).success
+    figures = tier.stats().figures
+    assert figures["counters"]["pins_refused_tier_cap"] == 2 and figures["pinned_blocks"] == 4
+    assert holds(over) == [True, True]
+
+    # unpin by keys, then a touch by a request with a TTL pins them again
+    assert tier.unpin(Unpin(keys=tuple(scoped_keys(more)))) == 2
+    assert tier.stats().figures["pinned_blocks"] == 2
+    tier.touch(more, pin_drv.req)
+    tier.on_schedule_end()
+    wait_until(lambda: tier.stats().figures["pinned_blocks"] == 4, timeout_s=10, what="touch pinned")
+
+    # expiry: unpin all, pin with 0.5 s; after it, the next eviction pass takes it (the oldest)
+    assert tier.unpin(Unpin(everything=True)) == 4
+    exp = keys_of(400, 2)
+    assert short.store(exp, [10, 11]).success
+    for i in range(4):
+        assert drv.store(keys_of(2000 + 10 * i, 2), [4, 5]).success
+    assert holds(exp) == [True, True]
+    time.sleep(0.6)
+    assert holds(exp) == [True, True]  # no eviction pass since
+    assert drv.store(keys_of(3000, 2), [4, 5]).success
+    assert holds(exp) == [False, False]
+
+    # invalidating the identity removes pinned blocks too
+    assert pin_drv.store(pinned, [0, 1]).success
+    assert tier.stats().figures["pinned_blocks"] == 2
+    held = tier.stats().figures["blocks"]
+    assert ray.get(tier.actor.drop_identities.remote([tier.key_tag])) == held
+    figures = tier.stats().figures
+    assert figures["blocks"] == 0 and figures["pinned_blocks"] == 0 and figures["pinned_bytes"] == 0
+    assert holders_of(services, pinned) == [[], []]
