@@ -5,11 +5,15 @@ once plasma has room again the same tier stores and loads byte-identical blocks.
 Ray 2.60 spills, then falls back to disk-backed allocation, before it refuses a
 put; it refuses with ``OutOfDiskError`` ("the local object store is full and the
 local disk's utilization is over capacity") once the disk is over
-``local_fs_capacity_threshold``. A threshold of 0 makes every disk "full", so
-the refusal comes as soon as plasma is full (``ObjectStoreFullError``, its
-older form, is accepted too)."""
+``local_fs_capacity_threshold``. A threshold of 0 makes every disk "full", and
+with automatic spilling off plasma cannot make room by spilling the driver's
+ballast to disk either (spilling ran fast enough on one CI machine to take 192 MiB
+of ballast into a 96 MiB store), so the refusal comes as soon as plasma is full
+(``ObjectStoreFullError``, its older form, is accepted too)."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +26,7 @@ from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import WaitTimeout, wait_until
 
 MiB = 1024 * 1024
 BLOCK = MiB
@@ -39,7 +44,7 @@ def services_no_spill():
         object_store_memory=PLASMA,
         include_dashboard=False,
         log_to_driver=False,
-        _system_config={"local_fs_capacity_threshold": 0.0},
+        _system_config={"local_fs_capacity_threshold": 0.0, "automatic_object_spilling_enabled": False},
     )
     services = raykv.start({"namespace": "raykv-full", "directory_shards": 1})
     yield services
@@ -48,11 +53,25 @@ def services_no_spill():
 
 
 def _fill_plasma() -> list:
-    """Objects the driver holds until plasma refuses more."""
+    """Objects the driver holds until plasma refuses more.
+
+    It fills with 8 MiB objects, then 1 MiB, then 128 KiB ones, so that what is
+    left is smaller than one block: filling with 8 MiB objects alone could leave
+    up to 8 MiB free, room for the whole store this test expects to fail. Then,
+    after a pause, it fills again: objects other processes held for a moment
+    (actor calls' large arguments and returns live in plasma too) may have been
+    freed meanwhile, and their room would take the store."""
     ballast = []
-    with pytest.raises(STORE_FULL):
-        for _ in range(2 * PLASMA // (8 * MiB)):
-            ballast.append(ray.put(np.ones(8 * MiB, np.uint8)))
+    for round_ in range(2):
+        if round_:
+            time.sleep(1.0)
+        for size in (8 * MiB, MiB, MiB // 8):
+            try:
+                for _ in range(2 * PLASMA // size):
+                    ballast.append(ray.put(np.ones(size, np.uint8)))
+            except STORE_FULL:
+                continue
+            pytest.fail(f"plasma took {2 * PLASMA} bytes of {size}-byte objects without refusing")
     return ballast
 
 
@@ -75,9 +94,18 @@ def test_full_object_store_fails_the_store_cleanly(services_no_spill):
         assert stats["blocks"] == 0 and stats["bytes_used"] == 0, stats
         assert stats["counters"].get("store_errors") == 1, stats["counters"]
 
-        del ballast  # plasma frees the driver's objects: the same tier stores again
-        ok = driver.store(keys, list(range(8)), timeout=120)
-        assert ok.success, ok.error
+        del ballast  # plasma frees the driver's objects (soon, not at once): the same tier stores again
+        tries: list[str | None] = []
+
+        def stored() -> bool:
+            ok = driver.store(keys, list(range(8)), timeout=120)
+            tries.append(ok.error)
+            return ok.success
+
+        try:
+            wait_until(stored, timeout_s=60, interval_s=0.5, what="a store once plasma has room")
+        except WaitTimeout as e:
+            raise AssertionError(f"{e}; the last stores' errors: {tries[-3:]}") from None
         assert driver.lookup(keys) == [LookupResult.HIT] * len(keys)
         loaded = driver.load(keys, list(range(8, 16)))
         assert loaded.success, loaded.error
