@@ -13,11 +13,15 @@ what a real model's does per KV byte) with raykv's tiers: each node's object
 store and one shared fs root, both sized to ``--tier-prefixes`` times the
 prefix's KV bytes (so the pinned prefix stays under ``max_pinned_fraction``
 of each). Each replica's engine cache and CPU primary are ``ENGINE_BLOCKS``
-blocks: the flood flushes them too. Two configurations, each from empty
+blocks: the flood flushes them too. Three configurations, each from empty
 caches (its own app, namespace and root):
 
 - ``pinned``: the prefix is sent once with ``cache_ttl_s`` (``--ttl``);
-- ``unpinned``: the same without a TTL, raykv's plain LRU (the baseline).
+- ``unpinned``: the same without a TTL, raykv's plain LRU (the baseline);
+- ``all_nodes``: ``raykv warm --all-nodes`` (``raykv.ops.warm.warm``) computes
+  the prefix once, pins it, and copies it into every node's object store;
+  each replica's first probe should then load it from its own node (the
+  object store counters tell local loads from pulls off another node).
 
 Then the flood: batches of distinct random prompts, until every tier stored
 ``--cycles`` times its capacity (from the tier actors' counters) and no engine
@@ -50,7 +54,7 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
-from raykv.bench.routing import MODEL_ID, URL, Usage, resolve_model, usage_of
+from raykv.bench.routing import BLOCK, MODEL_ID, URL, Usage, full_block_tokens, resolve_model, usage_of
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -60,8 +64,9 @@ if TYPE_CHECKING:
 
 HELP = "prompt caching: a pinned long prefix through a flood that cycles every tier's capacity (pinned vs unpinned)"
 
-CONFIGS = ("pinned", "unpinned")
-BLOCK = 128
+CONFIGS = ("pinned", "unpinned", "all_nodes")
+#: The Serve app's root (``raykv warm`` appends ``/v1/completions``).
+APP_URL = URL.removesuffix("/v1/completions")
 #: The bench and tiny models' ``max_position_embeddings``: a prompt and its one output token fit.
 MAX_MODEL_LEN = 4096
 #: The prefix the issue asks for, when the model allows it (the local models do not: 4096 positions).
@@ -78,6 +83,8 @@ FS_HEADER_BYTES = 256
 FLOOR_PROBES = 2
 #: The share of full blocks from raykv the issue asks for.
 TARGET_SHARE = 0.99
+#: ``all_nodes``: each replica's first request within this x the engine-cache floor's TTFT.
+TARGET_VS_FLOOR = 1.5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,6 +128,8 @@ class Probe(TypedDict):
     cached_tokens: int
     raykv_share: float  # cached tokens / the prefix's tokens in full blocks ("first" probes: all from raykv)
     ttft_ms: float
+    local_blocks: int  # blocks loaded from the serving replica's own node's object store
+    remote_blocks: int  # blocks an object store pulled from another node's
 
 
 class TierFigures(TypedDict):
@@ -148,6 +157,7 @@ class ConfigSummary(TypedDict):
     first_share_min: float | None  # the worst replica's first probe
     replicas_probed: int  # replicas that served a "first" probe
     first_ttft_ms: float | None  # median over the "first" probes
+    first_all_local: bool  # every "first" probe loaded the whole prefix from its own node's object store
     floor_ttft_ms: float | None  # median over the "engine" probes
     ttft_vs_floor: float | None
 
@@ -216,11 +226,6 @@ def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
     return names_option("--configs", args.configs, CONFIGS), note
 
 
-def _cacheable(prefix_tokens: int) -> int:
-    """The prefix's tokens in full blocks: what a later request can find cached."""
-    return prefix_tokens // BLOCK * BLOCK
-
-
 def run(args: argparse.Namespace) -> FloodResult:
     """Both configurations, each from empty caches; returns the JSON result."""
     import ray
@@ -233,7 +238,7 @@ def run(args: argparse.Namespace) -> FloodResult:
     require_vllm()
     model, model_name = resolve_model(args)
     block_bytes = chunk_bytes(model)
-    prefix_blocks = _cacheable(args.prefix_tokens) // BLOCK
+    prefix_blocks = full_block_tokens(args.prefix_tokens) // BLOCK
     tier_blocks = max(2, round(args.tier_prefixes * prefix_blocks))
     capacities = (tier_blocks * block_bytes, tier_blocks * (block_bytes + FS_HEADER_BYTES))
     info = machine()
@@ -254,7 +259,7 @@ def run(args: argparse.Namespace) -> FloodResult:
         "machine": info,
         "replicas": args.replicas,
         "prefix_tokens": args.prefix_tokens,
-        "cacheable_prefix_tokens": _cacheable(args.prefix_tokens),
+        "cacheable_prefix_tokens": full_block_tokens(args.prefix_tokens),
         "prefix_note": note,
         "suffix_tokens": args.suffix_tokens,
         "flood_tokens": args.flood_tokens,
@@ -265,7 +270,7 @@ def run(args: argparse.Namespace) -> FloodResult:
         "ttl_s": args.ttl,
         "model": model_name,
         "configs": per,
-        "targets": _targets(per),
+        "targets": _targets(per, args.replicas),
     }
 
 
@@ -297,7 +302,7 @@ def _run_config(
         engine_cache=True,  # the directory then tells which engine holds the prefix, and who served a probe
         engine_kwargs={"max_model_len": MAX_MODEL_LEN, "num_gpu_blocks_override": ENGINE_BLOCKS},
     )
-    params: dict[str, JsonValue] | None = {"cache_ttl_s": args.ttl} if name == "pinned" else None
+    params: dict[str, JsonValue] | None = None if name == "unpinned" else {"cache_ttl_s": args.ttl}
     progress = tqdm(file=sys.stderr, disable=args.no_progress, unit="req", desc=name)
     try:
         serve.run(app, name="raykv-bench-flood", route_prefix="/", blocking=False)
@@ -305,7 +310,10 @@ def _run_config(
         watch.wait_engines(args.replicas)
         _warm_up(args.replicas)
         prefix = make_prompt_tokens(args.prefix_tokens, 10_000)
-        complete_with(prefix + make_prompt_tokens(args.suffix_tokens, 20_000), params)
+        if name == "all_nodes":
+            _warm_all_nodes(services, prefix, args.ttl, args.replicas)
+        else:
+            complete_with(prefix + make_prompt_tokens(args.suffix_tokens, 20_000), params)
         progress.update(1)
         time.sleep(SETTLE_S)
         before = _tier_figures(services)
@@ -315,7 +323,7 @@ def _run_config(
         time.sleep(SETTLE_S)
         tier_rows = _tier_rows(before, _tier_figures(services))
         probes = _probe(services, watch, prefix, params, args, progress)
-        return _summary(sent, flood_s, tier_rows, probes, args.replicas)
+        return _summary(sent, flood_s, tier_rows, probes, args.replicas, full_block_tokens(args.prefix_tokens) // BLOCK)
     finally:
         progress.close()
         serve.delete("raykv-bench-flood")
@@ -339,6 +347,16 @@ def complete_with(
     seconds = time.perf_counter() - t0
     r.raise_for_status()
     return usage_of(section(as_json(r.json())).get("usage")), seconds
+
+
+def _warm_all_nodes(services: RaykvServices, prefix: list[int], ttl_s: float, replicas: int) -> None:
+    """``raykv warm --all-nodes`` of ``prefix``: every node's object store must end up holding it."""
+    from raykv.ops.warm import warm
+
+    warmed = warm(services, [prefix], ttl_s, url=APP_URL, model=MODEL_ID, all_nodes=True)
+    copies = warmed.replicated
+    if copies is None or copies.errors or len(copies.per_node) < replicas:
+        raise RuntimeError(f"warm --all-nodes did not reach every node: {copies.report() if copies else None}")
 
 
 def _all_at_once(prompts: list[list[int]]) -> list[BaseException | None]:
@@ -488,16 +506,18 @@ def _probe(
     and ``FLOOR_PROBES`` met the whole prefix in their engine (or 8 per replica were sent)."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
-    cacheable = _cacheable(args.prefix_tokens)
+    cacheable = full_block_tokens(args.prefix_tokens)
     probes: list[Probe] = []
     firsts: set[str] = set()
     for i in range(8 * args.replicas):
         prompt = prefix + make_prompt_tokens(args.suffix_tokens, 40_000 + i)
         engines: Counter[str] = watch.leading(prefix)
         tier_blocks = _tier_blocks(services, watch.model, prefix)
+        before = _tier_figures(services)
         usage, seconds = complete_with(prompt, params)
         progress.update(1)
         replica = watch.computed_by(prompt, timeout_s=10.0)
+        local, remote = _object_store_loads(before, _tier_figures(services))
         had = engines.get(replica, 0) if replica else 0
         kind = "other"
         if replica is not None and had == 0 and replica not in firsts:
@@ -514,6 +534,8 @@ def _probe(
                 "cached_tokens": usage.cached_tokens,
                 "raykv_share": min(usage.cached_tokens, cacheable) / cacheable,
                 "ttft_ms": seconds * 1000,
+                "local_blocks": local,
+                "remote_blocks": remote,
             }
         )
         if len(firsts) >= args.replicas and sum(p["kind"] == "engine" for p in probes) >= FLOOR_PROBES:
@@ -521,7 +543,21 @@ def _probe(
     return probes
 
 
-def _summary(sent: int, flood_s: float, tiers: list[TierFigures], probes: list[Probe], replicas: int) -> ConfigSummary:
+def _object_store_loads(before: dict[str, Report], after: dict[str, Report]) -> tuple[int, int]:
+    """Blocks the object store actors loaded between two readings: (from their own node, pulled from another)."""
+    hits = remote = 0
+    for key, now in after.items():
+        if "counters" not in now:
+            continue
+        then = before.get(key, {})
+        hits += _counter(now, "hits") - _counter(then, "hits")
+        remote += _counter(now, "hits_remote") - _counter(then, "hits_remote")
+    return hits - remote, remote
+
+
+def _summary(
+    sent: int, flood_s: float, tiers: list[TierFigures], probes: list[Probe], replicas: int, prefix_blocks: int
+) -> ConfigSummary:
     firsts = [p for p in probes if p["kind"] == "first"]
     floor = [p["ttft_ms"] for p in probes if p["kind"] == "engine"]
     first_ttft = median([p["ttft_ms"] for p in firsts]) if firsts else None
@@ -536,26 +572,44 @@ def _summary(sent: int, flood_s: float, tiers: list[TierFigures], probes: list[P
         "first_share_min": min(p["raykv_share"] for p in firsts) if firsts else None,
         "replicas_probed": len(firsts),
         "first_ttft_ms": first_ttft,
+        "first_all_local": bool(firsts)
+        and all(p["remote_blocks"] == 0 and p["local_blocks"] >= prefix_blocks for p in firsts),
         "floor_ttft_ms": floor_ttft,
         "ttft_vs_floor": first_ttft / floor_ttft if first_ttft is not None and floor_ttft else None,
     }
 
 
-def _targets(per: dict[str, ConfigSummary | Failed]) -> list[Report]:
+def _targets(per: dict[str, ConfigSummary | Failed], replicas: int) -> list[Report]:
+    out: list[Report] = []
     r = per.get("pinned")
-    if r is None or "error" in r:
-        return []
-    unpinned = per.get("unpinned")
-    base = "" if unpinned is None or "error" in unpinned else f"; unpinned: {_share(unpinned['first_share_min'])}"
-    cycled = min((t["cycles"] for t in r["tiers"]), default=float("nan"))
-    return [
-        target(
-            "pinned prefix after the flood: full blocks from raykv, worst replica's first request",
-            r["first_share_min"] if r["replicas_probed"] else None,
-            TARGET_SHARE,
-            detail=f"{r['replicas_probed']} replicas probed, least-cycled tier {cycled:.1f}x{base}",
+    if r is not None and "error" not in r:
+        unpinned = per.get("unpinned")
+        base = "" if unpinned is None or "error" in unpinned else f"; unpinned: {_share(unpinned['first_share_min'])}"
+        cycled = min((t["cycles"] for t in r["tiers"]), default=float("nan"))
+        out.append(
+            target(
+                "pinned prefix after the flood: full blocks from raykv, worst replica's first request",
+                r["first_share_min"] if r["replicas_probed"] else None,
+                TARGET_SHARE,
+                detail=f"{r['replicas_probed']} replicas probed, least-cycled tier {cycled:.1f}x{base}",
+            )
         )
-    ]
+    a = per.get("all_nodes")
+    if a is not None and "error" not in a:
+        every = a["replicas_probed"] == replicas and a["first_all_local"]
+        local = ", ".join(f"{p['local_blocks']}/{p['remote_blocks']}" for p in a["probes"] if p["kind"] == "first")
+        line = target(
+            "warm --all-nodes: each replica's first request, TTFT x the engine-cache floor",
+            a["ttft_vs_floor"],
+            TARGET_VS_FLOOR,
+            higher_is_better=False,
+            detail=f"{a['replicas_probed']}/{replicas} replicas probed, every one from its own node: {every} "
+            f"(blocks local/pulled: {local or '-'}); worst share {_share(a['first_share_min'])}",
+        )
+        if not every:  # a pull from another node, or a replica not probed, misses whatever the TTFT
+            line["passed"] = False
+        out.append(line)
+    return out
 
 
 def _share(v: float | None) -> str:
@@ -568,7 +622,7 @@ def format_result(result: FloodResult) -> str:
     tier_rows: list[list[object]] = []
     for name, r in result["configs"].items():
         if "error" in r:
-            rows.append([name, "failed: " + r["error"][:70], "", "", "", "", "", "", ""])
+            rows.append([name, "failed: " + r["error"][:70], "", "", "", "", "", "", "", ""])
             continue
         rows.append(
             [
@@ -577,6 +631,7 @@ def format_result(result: FloodResult) -> str:
                 r["next_ttft_ms"],
                 _share(r["first_share_min"]),
                 f"{r['replicas_probed']}/{result['replicas']}",
+                "yes" if r["first_all_local"] else "no",
                 r["first_ttft_ms"],
                 r["floor_ttft_ms"],
                 r["ttft_vs_floor"],
@@ -609,6 +664,7 @@ def format_result(result: FloodResult) -> str:
             "its TTFT ms",
             "worst replica",
             "replicas",
+            "own node",
             "TTFT ms",
             "floor ms",
             "x floor",
@@ -624,7 +680,9 @@ def format_result(result: FloodResult) -> str:
         "next request: the first probe after the flood (whichever replica), its prefix blocks from raykv "
         "(cached_tokens over the full-block tokens); worst replica: the least of each replica's first probe "
         "(none of the prefix in its engine cache before; unpinned, a later replica's may find the copy the "
-        "first one stored again); TTFT ms: their median; floor ms: probes whose engine held the whole prefix "
+        "first one stored again); own node: every first probe loaded the whole prefix from its own node's "
+        "object store, none pulled from another node; TTFT ms: their median; floor ms: probes whose engine "
+        "held the whole prefix "
         "(same shape: the prefix + a new suffix); x floor: TTFT ms / floor ms."
     )
     return "\n\n".join(filter(None, [head, note, body, tiers, legend, targets_table(result["targets"])]))

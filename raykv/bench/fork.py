@@ -33,7 +33,15 @@ import time
 from typing import TYPE_CHECKING, TypedDict, final
 
 from raykv.bench.common import Failed, machine, names_option, percentile, read_settled, table, target, targets_table
-from raykv.bench.routing import METRICS_SETTLE_S, MODEL_ID, Usage, complete, resolve_model
+from raykv.bench.routing import (
+    BLOCK,
+    METRICS_SETTLE_S,
+    MODEL_ID,
+    Usage,
+    complete,
+    full_block_tokens,
+    resolve_model,
+)
 from raykv.core.wire import Report
 
 if TYPE_CHECKING:
@@ -42,7 +50,6 @@ if TYPE_CHECKING:
 HELP = "a burst of requests sharing a new long prefix: computed once or per replica? (3 configurations)"
 
 CONFIGS = ("today", "pending", "router")
-BLOCK = 128
 #: Engine cache per replica, in blocks of ``BLOCK`` tokens: a burst's prefix and every fork's suffix fit.
 ENGINE_BLOCKS = 64
 MAX_MODEL_LEN = 4096
@@ -149,18 +156,13 @@ def run(args: argparse.Namespace) -> ForkResult:
         "replicas": args.replicas,
         "forks": args.forks,
         "prefix_tokens": args.prefix_tokens,
-        "cacheable_prefix_tokens": _cacheable(args.prefix_tokens),
+        "cacheable_prefix_tokens": full_block_tokens(args.prefix_tokens),
         "suffix_tokens": args.suffix_tokens,
         "bursts": args.bursts,
         "model": model_name,
         "configs": per,
         "targets": _targets(per),
     }
-
-
-def _cacheable(prefix_tokens: int) -> int:
-    """The prefix's tokens in full blocks: what an engine can find cached."""
-    return prefix_tokens // BLOCK * BLOCK
 
 
 def _run_config(name: str, model: str, root: str, args: argparse.Namespace, progress: Progress) -> ConfigSummary:
@@ -242,7 +244,7 @@ def _burst(burst: int, args: argparse.Namespace, progress: Progress) -> list[Req
 
     prefix = make_prompt_tokens(args.prefix_tokens, 10_000 + burst)
     prompts = [prefix + make_prompt_tokens(args.suffix_tokens, 20_000 + 100 * burst + f) for f in range(args.forks)]
-    cacheable = _cacheable(args.prefix_tokens)
+    cacheable = full_block_tokens(args.prefix_tokens)
     records: list[RequestRecord] = []
     for result in _all_at_once(prompts):
         progress.update(1)
@@ -278,7 +280,7 @@ def _decisions(timeout_s: float = 40.0) -> dict[str, int]:
 
 
 def _summary(records: list[RequestRecord], args: argparse.Namespace, busy_s: float) -> ConfigSummary:
-    cacheable = _cacheable(args.prefix_tokens)
+    cacheable = full_block_tokens(args.prefix_tokens)
     multiples = [
         sum(r["prefix_computed_tokens"] for r in records if r["burst"] == b) / cacheable for b in range(args.bursts)
     ]

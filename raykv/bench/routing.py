@@ -73,6 +73,11 @@ MODEL_ID = "bench"
 REQUEST_TIMEOUT_S = 60
 
 
+def full_block_tokens(tokens: int) -> int:
+    """``tokens`` rounded down to full blocks of ``BLOCK``: what an engine or raykv can find cached."""
+    return tokens // BLOCK * BLOCK
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=3, help="vLLM replicas, one per simulated node (default 3)")
     p.add_argument("--sessions", type=int, default=12, help="conversations (default 12)")

@@ -10,7 +10,7 @@ from raykv.ops.cli import build_parser
 from tests.benches import run_bench
 
 
-def _probe(kind: str, cached: int, ttft_ms: float, replica: str = "a") -> flood.Probe:
+def _probe(kind: str, cached: int, ttft_ms: float, replica: str = "a", local: int = 0, remote: int = 0) -> flood.Probe:
     return {
         "replica": replica,
         "kind": kind,
@@ -19,6 +19,8 @@ def _probe(kind: str, cached: int, ttft_ms: float, replica: str = "a") -> flood.
         "cached_tokens": cached,
         "raykv_share": cached / 3840,
         "ttft_ms": ttft_ms,
+        "local_blocks": local,
+        "remote_blocks": remote,
     }
 
 
@@ -49,7 +51,7 @@ def test_its_options_are_checked_before_a_cluster_starts() -> None:
     # the issue's 20480-token prefix does not fit the local models: the most full blocks that do
     args = parse(["bench", "flood"])
     configs, note = flood.check_options(args)
-    assert configs == ["pinned", "unpinned"] and args.prefix_tokens == 3840 == flood.prefix_limit(128)
+    assert configs == ["pinned", "unpinned", "all_nodes"] and args.prefix_tokens == 3840 == flood.prefix_limit(128)
     assert args.flood_tokens == 3840 and "20480" in note
 
 
@@ -60,7 +62,7 @@ def test_the_summary_and_target_read_each_replicas_first_probe() -> None:
         _probe("first", 3712, 600, "b"),
         _probe("engine", 3840, 120, "b"),
     ]
-    pinned = flood._summary(12, 30.0, [_tier(3.2)], probes, replicas=2)
+    pinned = flood._summary(12, 30.0, [_tier(3.2)], probes, replicas=2, prefix_blocks=30)
     assert (
         pinned["next_share"] == 1.0
         and pinned["next_ttft_ms"] == 400
@@ -69,11 +71,12 @@ def test_the_summary_and_target_read_each_replicas_first_probe() -> None:
     assert pinned["replicas_probed"] == 2
     assert pinned["first_ttft_ms"] == 500 and pinned["floor_ttft_ms"] == 110
     assert pinned["ttft_vs_floor"] == pytest.approx(500 / 110)
-    unpinned = flood._summary(12, 30.0, [_tier(3.2)], [_probe("first", 0, 2000)], replicas=2)
+    assert not pinned["first_all_local"]  # no probe loaded from an object store
+    unpinned = flood._summary(12, 30.0, [_tier(3.2)], [_probe("first", 0, 2000)], replicas=2, prefix_blocks=30)
     assert unpinned["floor_ttft_ms"] is None and unpinned["ttft_vs_floor"] is None
-    (t,) = flood._targets({"pinned": pinned, "unpinned": unpinned})
+    (t,) = flood._targets({"pinned": pinned, "unpinned": unpinned}, replicas=2)
     assert t["passed"] is False and "unpinned: 0.0%" in t["detail"]  # 96.7% < 99%
-    assert flood._targets({"pinned": {"error": "x"}}) == []
+    assert flood._targets({"pinned": {"error": "x"}}, replicas=2) == []
     text = flood.format_result(
         {
             "benchmark": "flood",
@@ -94,7 +97,38 @@ def test_the_summary_and_target_read_each_replicas_first_probe() -> None:
             "targets": [t],
         }
     )
-    assert "failed: RuntimeError: boom" in text and "96.7%" in text and "3.2" in text
+    assert "failed: RuntimeError: boom" in text and "own node" in text and "96.7%" in text and "3.2" in text
+
+
+def test_all_nodes_wants_every_replicas_first_load_from_its_own_node() -> None:
+    local = [
+        _probe("first", 3840, 300, "a", local=30),
+        _probe("engine", 3840, 250, "a"),
+        _probe("first", 3840, 330, "b", local=30),
+    ]
+    summary = flood._summary(8, 20.0, [_tier(3.0)], local, replicas=2, prefix_blocks=30)
+    assert summary["first_all_local"] and summary["ttft_vs_floor"] == pytest.approx(315 / 250)
+    (t,) = flood._targets({"all_nodes": summary}, replicas=2)
+    assert t["passed"] is True and "30/0, 30/0" in t["detail"]
+    # one replica pulled blocks off another node: a miss, however fast
+    pulled = [*local[:2], _probe("first", 3840, 260, "b", local=20, remote=10)]
+    summary = flood._summary(8, 20.0, [_tier(3.0)], pulled, replicas=2, prefix_blocks=30)
+    assert not summary["first_all_local"]
+    (t,) = flood._targets({"all_nodes": summary}, replicas=2)
+    assert t["passed"] is False and "from its own node: False" in t["detail"]
+    # a replica never probed: a miss too
+    (t,) = flood._targets({"all_nodes": flood._summary(8, 20.0, [], local[:2], 2, 30)}, replicas=2)
+    assert t["passed"] is False and "1/2 replicas" in t["detail"]
+
+
+def test_object_store_counters_split_local_loads_from_pulls() -> None:
+    before = {"object_store@a": {"counters": {"hits": 5, "hits_remote": 1}}, "fs": {"committed": 3}}
+    after = {
+        "object_store@a": {"counters": {"hits": 35, "hits_remote": 1}},
+        "object_store@b": {"counters": {"hits": 4, "hits_remote": 4}},
+        "fs": {"committed": 9},
+    }
+    assert flood._object_store_loads(before, after) == (30, 4)
 
 
 def test_tier_counters_give_the_flood_s_stored_bytes() -> None:
@@ -116,11 +150,15 @@ def test_tier_counters_give_the_flood_s_stored_bytes() -> None:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_flood_quick_json(vllm_env) -> None:
-    """The quick run reports both configurations, each tier cycled, and the target."""
-    out = run_bench("flood", "--quick", timeout=1200)
-    assert out["benchmark"] == "flood" and set(out["configs"]) == {"pinned", "unpinned"}
+    """The quick run reports every configuration, each tier cycled, and the targets."""
+    out = run_bench("flood", "--quick", timeout=1500)
+    assert out["benchmark"] == "flood" and set(out["configs"]) == {"pinned", "unpinned", "all_nodes"}
     for name, r in out["configs"].items():
         assert "error" not in r, (name, r)
         assert len(r["tiers"]) == 3 and all(t["cycles"] >= out["cycles_target"] for t in r["tiers"]), r["tiers"]
         assert r["replicas_probed"] >= 1 and r["probes"], r
     assert out["targets"][0]["target"].startswith("pinned prefix after the flood")
+    # warm --all-nodes put a copy on each node: every probed replica's first request loaded locally
+    copies = out["configs"]["all_nodes"]
+    assert copies["first_all_local"], copies["probes"]
+    assert out["targets"][1]["target"].startswith("warm --all-nodes")

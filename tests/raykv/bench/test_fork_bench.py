@@ -17,7 +17,7 @@ def _args(**kw: object) -> argparse.Namespace:
 
 
 def _record(burst: int, cached: int, ttft_ms: float) -> fork.RequestRecord:
-    cacheable = fork._cacheable(300)  # 256: two full blocks
+    cacheable = fork.full_block_tokens(300)  # 256: two full blocks
     return {
         "burst": burst,
         "prompt_tokens": 308,
@@ -28,7 +28,7 @@ def _record(burst: int, cached: int, ttft_ms: float) -> fork.RequestRecord:
 
 
 def test_the_prefix_multiple_counts_every_uncached_prefix_token_of_a_burst() -> None:
-    assert fork._cacheable(300) == 256 and fork._cacheable(2048) == 2048
+    assert fork.full_block_tokens(300) == 256 and fork.full_block_tokens(2048) == 2048
     # burst 0: one request computed the prefix, two found it cached (engine or raykv)
     # burst 1: two computed it; the third found half of it
     records = [_record(0, 0, 900), _record(0, 256, 300), _record(0, 256, 320)]
