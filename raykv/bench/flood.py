@@ -12,8 +12,10 @@ app of vLLM replicas (one per node; the local bench model, whose prefill costs
 what a real model's does per KV byte) with raykv's tiers: each node's object
 store and one shared fs root, both sized to ``--tier-prefixes`` times the
 prefix's KV bytes (so the pinned prefix stays under ``max_pinned_fraction``
-of each). Each replica's engine cache and CPU primary are ``ENGINE_BLOCKS``
-blocks: the flood flushes them too. Three configurations, each from empty
+of each). Each replica's engine cache and CPU primary are ``engine_blocks``
+(twice the prefix, at least ``ENGINE_BLOCKS``): the flood flushes them too.
+The issue's 20480-token prefix needs ``--model bench-long`` (the bench model
+with 32768 positions); the default bench model's 4096 fit 3840. Three configurations, each from empty
 caches (its own app, namespace and root):
 
 - ``pinned``: the prefix is sent once with ``cache_ttl_s`` (``--ttl``);
@@ -54,7 +56,16 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
-from raykv.bench.routing import BLOCK, MODEL_ID, URL, Usage, full_block_tokens, resolve_model, usage_of
+from raykv.bench.routing import (
+    BLOCK,
+    MODEL_ID,
+    URL,
+    Usage,
+    full_block_tokens,
+    model_positions,
+    resolve_model,
+    usage_of,
+)
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -67,11 +78,9 @@ HELP = "prompt caching: a pinned long prefix through a flood that cycles every t
 CONFIGS = ("pinned", "unpinned", "all_nodes")
 #: The Serve app's root (``raykv warm`` appends ``/v1/completions``).
 APP_URL = URL.removesuffix("/v1/completions")
-#: The bench and tiny models' ``max_position_embeddings``: a prompt and its one output token fit.
-MAX_MODEL_LEN = 4096
 #: The prefix the issue asks for, when the model allows it (the local models do not: 4096 positions).
 ISSUE_PREFIX_TOKENS = 20480
-#: Engine cache and CPU primary per replica, in blocks of ``BLOCK`` tokens (the flood flushes both).
+#: Engine cache and CPU primary per replica, in blocks of ``BLOCK`` tokens, at least (the flood flushes both).
 ENGINE_BLOCKS = 64
 #: A flood or probe request that does not answer in this time fails the configuration.
 REQUEST_TIMEOUT_S = 300
@@ -92,8 +101,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefix-tokens",
         type=int,
-        help=f"the long prefix (default: the issue's {ISSUE_PREFIX_TOKENS} where max_model_len allows, "
-        f"else the most full blocks that fit under {MAX_MODEL_LEN} with the suffix)",
+        help=f"the long prefix (default: the issue's {ISSUE_PREFIX_TOKENS} where the model's positions allow "
+        "(--model bench-long), else the most full blocks that fit with the suffix: 3840 on the bench model)",
     )
     p.add_argument(
         "--suffix-tokens",
@@ -114,7 +123,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=float, default=3600.0, help="the pinned prefix's cache_ttl_s (default 3600)")
     p.add_argument("--max-flood-prompts", type=int, default=400, help="give up flooding after this many (400)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
-    p.add_argument("--model", help="'bench' (default: the local bench model), 'tiny', or a model directory")
+    p.add_argument(
+        "--model",
+        help="'bench' (default: the local bench model, 4096 positions), 'bench-long' (the same, 32768 positions), "
+        "'tiny', or a model directory",
+    )
     p.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
 
 
@@ -183,15 +196,24 @@ class FloodResult(TypedDict):
     targets: list[Report]
 
 
-def prefix_limit(suffix_tokens: int) -> int:
-    """The longest prefix in full blocks that fits ``MAX_MODEL_LEN`` with the suffix and one output token
-    (3840 tokens with the default suffix)."""
-    return (MAX_MODEL_LEN - suffix_tokens - 1) // BLOCK * BLOCK
+def prefix_limit(suffix_tokens: int, max_model_len: int) -> int:
+    """The longest prefix in full blocks that fits ``max_model_len`` with the suffix and one output token
+    (3840 tokens with the default suffix on the bench model's 4096 positions)."""
+    return (max_model_len - suffix_tokens - 1) // BLOCK * BLOCK
+
+
+def engine_blocks(args: argparse.Namespace) -> int:
+    """Each replica's engine cache and CPU primary, in blocks: twice the prefix (at least
+    ``ENGINE_BLOCKS``), and room for the longest prompt (vLLM wants that much)."""
+    longest = max(args.prefix_tokens, args.flood_tokens) + args.suffix_tokens + 1
+    prefix_blocks = full_block_tokens(args.prefix_tokens) // BLOCK
+    return max(ENGINE_BLOCKS, 2 * prefix_blocks + 4, -(-longest // BLOCK) + 2)
 
 
 def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
     """Apply ``--quick`` and defaults, check every option (``ValueError`` naming it)
-    before a cluster starts; returns the configurations and a note on the prefix length."""
+    before a cluster starts; returns the configurations and a note on the prefix length.
+    Sets ``args.max_model_len``: the model's positions (its longest prompt)."""
     if args.quick:
         args.replicas, args.prefix_tokens = 2, args.prefix_tokens or 1024
         args.cycles = min(args.cycles, 1.5)
@@ -199,26 +221,27 @@ def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
         raise ValueError("--replicas: at least 2 (the prefix must come back on a replica that did not compute it)")
     if args.suffix_tokens < BLOCK:
         raise ValueError(f"--suffix-tokens: at least {BLOCK} (a full block of the probe's own tells who served it)")
-    limit = prefix_limit(args.suffix_tokens)
+    max_len = args.max_model_len = model_positions(args)
+    limit = prefix_limit(args.suffix_tokens, max_len)
     note = ""
     if args.prefix_tokens is None:
         args.prefix_tokens = min(ISSUE_PREFIX_TOKENS, limit)
         if args.prefix_tokens < ISSUE_PREFIX_TOKENS:
             note = (
                 f"the issue's {ISSUE_PREFIX_TOKENS}-token prefix does not fit the model's max_model_len "
-                f"{MAX_MODEL_LEN}: {args.prefix_tokens} tokens, the most full blocks that do"
+                f"{max_len}: {args.prefix_tokens} tokens, the most full blocks that do (--model bench-long: 32768)"
             )
     if args.prefix_tokens < BLOCK:
         raise ValueError(f"--prefix-tokens: at least {BLOCK} (one block)")
     if args.prefix_tokens > limit:
         raise ValueError(
-            f"--prefix-tokens + --suffix-tokens + 1 output token: at most {MAX_MODEL_LEN} "
-            f"(the engines' max_model_len): --prefix-tokens {args.prefix_tokens} > {limit}"
+            f"--prefix-tokens + --suffix-tokens + 1 output token: at most {max_len} "
+            f"(the model's max_model_len): --prefix-tokens {args.prefix_tokens} > {limit}"
         )
     if args.flood_tokens is None:
         args.flood_tokens = args.prefix_tokens
-    if not BLOCK <= args.flood_tokens < MAX_MODEL_LEN:
-        raise ValueError(f"--flood-tokens: from {BLOCK} (one block) to under {MAX_MODEL_LEN} (max_model_len)")
+    if not BLOCK <= args.flood_tokens < max_len:
+        raise ValueError(f"--flood-tokens: from {BLOCK} (one block) to under {max_len} (the model's max_model_len)")
     if args.tier_prefixes < 2:
         raise ValueError("--tier-prefixes: at least 2 (the pinned prefix must fit under max_pinned_fraction 0.5)")
     if args.cycles <= 0 or args.ttl <= 0 or args.max_flood_prompts < 1:
@@ -292,15 +315,16 @@ def _run_config(
         {"type": "fs", "root": root, "fsync": False, "capacity_bytes": fs_cap},
     ]
     services = raykv.start({"namespace": namespace, "directory_shards": 2, "tiers": tiers})
+    blocks = engine_blocks(args)
     app = bench_app(
         model,
         model_id=MODEL_ID,
         replicas=args.replicas,
         router="default",
         raykv={"namespace": namespace, "tiers": tiers},
-        cpu_bytes=ENGINE_BLOCKS * block_bytes,
+        cpu_bytes=blocks * block_bytes,
         engine_cache=True,  # the directory then tells which engine holds the prefix, and who served a probe
-        engine_kwargs={"max_model_len": MAX_MODEL_LEN, "num_gpu_blocks_override": ENGINE_BLOCKS},
+        engine_kwargs={"max_model_len": min(args.max_model_len, blocks * BLOCK), "num_gpu_blocks_override": blocks},
     )
     params: dict[str, JsonValue] | None = None if name == "unpinned" else {"cache_ttl_s": args.ttl}
     progress = tqdm(file=sys.stderr, disable=args.no_progress, unit="req", desc=name)

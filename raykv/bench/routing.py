@@ -246,18 +246,41 @@ def oracle_hit_tokens(sessions: list[Session]) -> int:
     return workload.oracle_hit_tokens(trace, BLOCK)
 
 
-def resolve_model(args: argparse.Namespace) -> tuple[str, str]:
-    """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
-    from raykv.demo.tiny_model import build_bench_model, build_tiny_model
-
-    name = args.model or ("tiny" if args.tiny or args.quick else "bench")
+def model_name(args: argparse.Namespace) -> str:
+    """``--model``: 'bench', 'bench-long', 'tiny' or a model directory (``--tiny`` / ``--quick``: 'tiny')."""
+    name = str(args.model or ("tiny" if args.tiny or args.quick else "bench"))
     if args.tiny and name != "tiny":
         raise ValueError(f"--tiny and --model {args.model}: pick one")
-    if name == "tiny":
-        return build_tiny_model(), name
-    if name == "bench":
-        return build_bench_model(), name
-    return name, name
+    return name
+
+
+def resolve_model(args: argparse.Namespace) -> tuple[str, str]:
+    """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
+    from raykv.demo.tiny_model import build_bench_long_model, build_bench_model, build_tiny_model
+
+    name = model_name(args)
+    builders = {"tiny": build_tiny_model, "bench": build_bench_model, "bench-long": build_bench_long_model}
+    return (builders[name](), name) if name in builders else (name, name)
+
+
+def model_positions(args: argparse.Namespace) -> int:
+    """The ``--model``'s ``max_position_embeddings`` (its longest prompt), read without building it."""
+    import json
+    from pathlib import Path
+
+    from raykv.demo.tiny_model import BENCH_LONG_CONFIG, CONFIG, ModelConfig, dimension
+
+    name = model_name(args)
+    known: dict[str, ModelConfig] = {"tiny": CONFIG, "bench": CONFIG, "bench-long": BENCH_LONG_CONFIG}
+    if name in known:
+        return dimension(known[name], "max_position_embeddings")
+    config = Path(name) / "config.json"
+    if not config.is_file():
+        raise ValueError(f"--model {name}: not 'bench', 'bench-long', 'tiny', or a model directory with a config.json")
+    positions = json.loads(config.read_text()).get("max_position_embeddings")
+    if not isinstance(positions, int) or positions < 1:
+        raise ValueError(f"--model {name}: its config.json has no max_position_embeddings")
+    return positions
 
 
 def primary_chunks(args: argparse.Namespace) -> int:

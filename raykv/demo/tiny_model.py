@@ -6,7 +6,7 @@ Everything is derived from fixed seeds and an embedded corpus, so every node of 
 cluster builds byte-identical files: equal token ids and weights, hence equal KV
 block hashes and equal KV everywhere.
 
-Two models share the tokenizer:
+Three models share the tokenizer:
 
 - the *tiny* model (hidden 256, 2 layers): fast to load and run, for tests that
   check behaviour, not speed;
@@ -16,7 +16,11 @@ Two models share the tokenizer:
   FLOP/byte against 114k for Llama-3.1-8B; the tiny model is 34x off). A cache
   saves prefill, so benchmarks and the demo measure with it. A 1k-token
   prefill takes ~120 ms on a 2-core host with AMX (an earlier hidden-768 /
-  MLP-3072 candidate, 36k FLOP/byte, took 42 ms there: too cheap).
+  MLP-3072 candidate, 36k FLOP/byte, took 42 ms there: too cheap);
+- the *bench-long* model (`build_bench_long_model()`): the bench model's
+  weights with 32768 positions instead of 4096, for prompts as long as agents'
+  system prompts (the prompt-caching bench's 20k-token prefix). Its config
+  differs, so raykv keys its blocks apart from the bench model's.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from raykv.core.wire import JsonValue
 
 MODEL_NAME = "tiny-llama-v1"
 BENCH_MODEL_NAME = "bench-llama-60m-v1"
+BENCH_LONG_MODEL_NAME = "bench-llama-60m-32k-v1"
 SEED = 1234
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
@@ -74,6 +79,9 @@ BENCH_CONFIG: ModelConfig = {
     "num_key_value_heads": 1,
     "head_dim": 128,
 }
+
+#: The bench model with room for 32k-token prompts (same shapes and weights).
+BENCH_LONG_CONFIG: ModelConfig = {**BENCH_CONFIG, "max_position_embeddings": 32768}
 
 #: Llama-3.1-8B's shapes: the yardstick for `prefill_flop_per_kv_byte`.
 LLAMA_3_1_8B_CONFIG: ModelConfig = {
@@ -339,6 +347,11 @@ def build_tiny_model(path: str | os.PathLike | None = None) -> str:
 def build_bench_model(path: str | os.PathLike | None = None) -> str:
     """The bench model (`<cache dir>/bench-llama-60m-v1` by default): prefill priced like a real model's."""
     return _build_model(BENCH_CONFIG, BENCH_MODEL_NAME, path)
+
+
+def build_bench_long_model(path: str | os.PathLike | None = None) -> str:
+    """The bench model with 32768 positions (`<cache dir>/bench-llama-60m-32k-v1` by default)."""
+    return _build_model(BENCH_LONG_CONFIG, BENCH_LONG_MODEL_NAME, path)
 
 
 def model_fingerprint(path: str | os.PathLike) -> str:

@@ -51,8 +51,18 @@ def test_its_options_are_checked_before_a_cluster_starts() -> None:
     # the 20480-token prefix does not fit the local models: the most full blocks that do
     args = parse(["bench", "flood"])
     configs, note = flood.check_options(args)
-    assert configs == ["pinned", "unpinned", "all_nodes"] and args.prefix_tokens == 3840 == flood.prefix_limit(128)
-    assert args.flood_tokens == 3840 and "20480" in note
+    assert configs == ["pinned", "unpinned", "all_nodes"] and args.prefix_tokens == 3840 == flood.prefix_limit(
+        128, 4096
+    )
+    assert args.flood_tokens == 3840 and "20480" in note and args.max_model_len == 4096
+    assert flood.engine_blocks(args) == flood.ENGINE_BLOCKS  # 64: twice the 30-block prefix, plus room
+    # the bench model with 32768 positions takes the prefix, and engines twice its size
+    args = parse(["bench", "flood", "--model", "bench-long"])
+    configs, note = flood.check_options(args)
+    assert args.prefix_tokens == 20480 == args.flood_tokens and note == "" and args.max_model_len == 32768
+    assert flood.engine_blocks(args) == 2 * 160 + 4
+    with pytest.raises(ValueError, match="--model /nonexistent"):
+        flood.check_options(parse(["bench", "flood", "--model", "/nonexistent"]))
 
 
 def test_the_summary_and_target_read_each_replicas_first_probe() -> None:
