@@ -114,6 +114,10 @@ class PinBatch:
 
     keys: tuple[bytes, ...]
     ttls: tuple[float, ...]
+    #: An object store actor passes on the pins of keys other nodes' actors hold (the engine's
+    #: node actor gets every pin of its requests; a load may have pulled the blocks from another
+    #: node). A relayed batch is not relayed again.
+    relay: bool = True
 
     def by_ttl(self) -> dict[float, list[bytes]]:
         """The keys grouped by TTL (the longest wins for a repeated key)."""

@@ -89,6 +89,7 @@ class ObjectStoreActor(IndexCalls, ReplicateCalls, HolderActor):
         self.plasma_bytes = 0
         self.timings = Timings(("store", "load", "put", "replicate"))
         self.peers = PeerFetcher(self.info.actor_name, node_id, namespace, settings.remote_timeout_s, self.counters)
+        self._relays = set()
         self._store_lock = asyncio.Lock()
         self._pool = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="raykv-os-copy")
 

@@ -3,7 +3,9 @@
 A mixin of ``ObjectStoreActor``, kept out of the actor's own body: ``touch``,
 ``get_refs`` (another node's actor asks for the packs of keys) and ``holds``;
 ``pin`` (held keys a request with ``cache_ttl_s`` used: pinned, or their pins
-extended; ``raykv.core.pins``), ``unpin`` (drop pins by tenant, keys or all),
+extended; ``raykv.core.pins``; the pins of keys not held here go on to the
+other nodes' actors that hold them: a request may have loaded its prefix from
+another node, and its TTL must keep that copy too), ``unpin`` (drop pins by tenant, keys or all),
 ``pinned_keys`` (what ``raykv warm --all-nodes`` copies to every node) and the
 counters of pins (granted, refused per reason, unpinned).
 """
@@ -16,8 +18,10 @@ from collections.abc import Sequence
 
 from raykv.core.pins import PinBatch, Unpin
 from raykv.core.tenants import TenantLRU
+from raykv.directory.client import DirectoryClient
 from tiers.object_store.messages import PackRef
 from tiers.object_store.pack_store import PackStore
+from tiers.object_store.remote import PeerFetcher
 
 
 class IndexCalls:
@@ -25,7 +29,11 @@ class IndexCalls:
 
     packs: PackStore
     counters: Counter[str]
+    peers: PeerFetcher
+    _directory: DirectoryClient
     _started: asyncio.Task[None]
+    #: Pin relays in flight (a reference keeps each task alive until it ends).
+    _relays: set[asyncio.Task[int]]
 
     async def touch(self, keys: Sequence[bytes]) -> int:
         await self._started
@@ -61,6 +69,12 @@ class IndexCalls:
             outcome = self.packs.pin(keys, ttl)
             outcome.count_into(self.counters)
             pinned += outcome.pinned
+        elsewhere = [(k, t) for k, t in zip(batch.keys, batch.ttls) if t > 0 and k not in self.packs.index]
+        if batch.relay and elsewhere:
+            relay = PinBatch(tuple(k for k, _ in elsewhere), tuple(t for _, t in elsewhere), relay=False)
+            task = asyncio.get_running_loop().create_task(self.peers.relay_pins(self._directory, relay))
+            self._relays.add(task)
+            task.add_done_callback(self._relays.discard)
         return pinned
 
     async def pinned_keys(self, tenant: str, min_seconds_left: float = 0.0) -> list[bytes]:

@@ -4,7 +4,8 @@
 node's plasma; a pull through Ray's object manager for another node's).
 ``PeerFetcher`` finds the packs of a load's missing keys at other nodes'
 actors: ``PeerSearch`` decides whom to ask, ``PeerFetcher`` asks the
-directory and the peers (``get_refs``) and keeps their actor handles.
+directory and the peers (``get_refs``) and keeps their actor handles. It
+also relays pins to the peers holding the keys (``relay_pins``).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from collections.abc import Sequence
 import ray
 from ray.actor import ActorHandle
 
+from raykv.core.pins import PinBatch
 from raykv.core.wire import HolderInfo
 from raykv.directory.client import DirectoryClient
 from tiers.object_store import copying
 from tiers.object_store.copying import FetchedPack
 from tiers.object_store.messages import PackRef
-from tiers.object_store.peers import PeerSearch
+from tiers.object_store.peers import PeerSearch, is_peer
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +104,41 @@ class PeerFetcher:
             else:
                 search.answered(todo[name], answer)
 
-    async def _refs_at(self, actor_name: str, keys: list[bytes]) -> list[PackRef]:
-        """Another node's actor's ``get_refs`` answer for ``keys``."""
+    async def relay_pins(self, directory: DirectoryClient, batch: PinBatch) -> int:
+        """Send ``batch``'s pins (keys this node's actor does not hold) to every other
+        node's object store actor the directory names as a holder, not to be relayed
+        again; how many pins went out. Best effort: a failure is logged."""
+        holders = await self._lookup(directory, list(batch.keys))
+        per_peer: dict[str, tuple[list[bytes], list[float]]] = {}
+        for key, ttl, hs in zip(batch.keys, batch.ttls, holders):
+            for h in hs:
+                if is_peer(h, {self.actor_name}):
+                    keys, ttls = per_peer.setdefault(h.actor_name, ([], []))
+                    keys.append(key)
+                    ttls.append(ttl)
+        sent = 0
+        for name, (keys, ttls) in per_peer.items():
+            try:
+                handle = await self._handle(name)
+                await asyncio.wait_for(
+                    handle.pin.remote(PinBatch(tuple(keys), tuple(ttls), relay=False)), self.timeout_s
+                )
+                sent += len(keys)
+            except Exception as e:  # noqa: BLE001 - a pin not relayed costs its lifetime, never bytes
+                self._peers.pop(name, None)
+                logger.info("pins not relayed to object store peer %s: %r", name, e)
+        self.counters["pins_relayed"] += sent
+        return sent
+
+    async def _handle(self, actor_name: str) -> ActorHandle:
         handle = self._peers.get(actor_name)
         if handle is None:  # a GCS lookup: off the event loop
             handle = await asyncio.to_thread(ray.get_actor, actor_name, namespace=self.namespace)
             self._peers[actor_name] = handle
+        return handle
+
+    async def _refs_at(self, actor_name: str, keys: list[bytes]) -> list[PackRef]:
+        """Another node's actor's ``get_refs`` answer for ``keys``."""
+        handle = await self._handle(actor_name)
         ref: ray.ObjectRef[list[PackRef]] = handle.get_refs.remote(keys)
         return await asyncio.wait_for(ref, self.timeout_s)

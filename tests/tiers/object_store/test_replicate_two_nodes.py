@@ -2,7 +2,8 @@
 holds pinned into node B's (registered, pinned, within B's capacity, pin cap
 and tenants), after which B's loads are served from B's own plasma; and
 ``raykv warm --all-nodes`` (``warm(all_nodes=True)``) against a stub app whose
-"replica" stores on node A ends with a copy on node B."""
+"replica" stores on node A ends with a copy on node B; and a request with a TTL
+on node B, whose blocks it loaded from node A, extends node A's pins."""
 
 from __future__ import annotations
 
@@ -68,6 +69,11 @@ class Engine:
         slots = list(range(len(keys)))[::-1]
         res = self._driver(tenant, None).load(keys, slots, timeout=30)
         return res.success, [hashlib.sha256(self.region.array[s]).hexdigest() for s in slots]
+
+    def pin(self, keys: list[bytes], tenant: str | None, ttl: float) -> None:
+        """What a request with ``cache_ttl_s`` does at the end of its first step (``pin_renewal``)."""
+        self.tier.touch(keys, ReqContext("replicate-test", tenant=tenant, cache_ttl_s=ttl))
+        self.tier.on_schedule_end()
 
     def close(self) -> None:
         self.tier.shutdown()
@@ -225,3 +231,23 @@ def test_warm_all_nodes_puts_a_copy_on_every_node(nodes: Nodes, app_on_node_a: s
     assert json.loads(json.dumps(report)) == report and report["all_nodes"]["blocks_copied"] == 4
     assert f"node {nodes.node_b[:12]}: copied 4 (2.0 MiB), already there 0" in out.format()
     assert nodes.figures(nodes.actor_b)["tenant_pinned_bytes"] == {"team": 4 * BLOCK}
+
+
+def test_a_ttl_request_on_node_b_extends_the_pins_of_node_as_copy(nodes: Nodes) -> None:
+    raw = raykv.prefix_keys(list(range(3000, 3020)), 10)  # 2 blocks, pinned on node A for 30 s
+    digests = ray.get(nodes.a.store.remote(raw, 14, "relay", 30.0))
+    keys = ray.get(nodes.actor_a.pinned_keys.remote("relay", 0.0))
+    assert len(keys) == 2 and ray.get(nodes.actor_a.pinned_keys.remote("relay", 60.0)) == []
+    # node B's engine loads them (pulled from A: B stores no copy), and its request asks for 900 s
+    ok, got = ray.get(nodes.b.load.remote(raw, "relay"))
+    assert ok and got == digests
+    assert ray.get(nodes.actor_b.holds.remote(keys)) == [False, False]
+    relayed = nodes.figures(nodes.actor_b)["counters"].get("pins_relayed", 0)
+    ray.get(nodes.b.pin.remote(raw, "relay", 900.0))
+    wait_until(
+        lambda: len(ray.get(nodes.actor_a.pinned_keys.remote("relay", 800.0))) == 2,
+        timeout_s=30,
+        what="node B's pins relayed to node A's actor",
+    )
+    assert nodes.figures(nodes.actor_b)["counters"]["pins_relayed"] == relayed + 2
+    assert ray.get(nodes.actor_b.holds.remote(keys)) == [False, False]  # a pin copies nothing
