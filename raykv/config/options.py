@@ -83,11 +83,11 @@ class RaykvConfig:
         "other nodes' keys are dropped first, this node's own holders' keys stay",
     )
     agent_view_all_keys: bool = opt(
-        False,
+        True,
         kind=bool,
-        doc="each node's view follows every key of the directory (while it fits in agent_view_keys), not only "
-        "its own holders' and the ones its engines asked for: a key it does not list is then held by nobody, "
-        "so lookups never need a call; for clusters whose directory fits in every node's /dev/shm",
+        doc="each node's view follows every key of the directory while it fits in agent_view_keys: a key it "
+        "does not list is then held by nobody, so lookups never need a call; past agent_view_keys (or with "
+        "false) it keeps only its own holders' keys and the ones its engines asked for",
     )
     pending_entries: bool = opt(
         False,

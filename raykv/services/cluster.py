@@ -159,7 +159,7 @@ class RaykvServices:
             self.directory.shards,
             float(getattr(self.config, "agent_window_ms", 2.0)),
             int(getattr(self.config, "agent_view_keys", 1_000_000)),
-            all_keys=bool(getattr(self.config, "agent_view_all_keys", False)),
+            all_keys=bool(getattr(self.config, "agent_view_all_keys", True)),
         )
 
     def directory_agents(self) -> dict[str, ActorHandle]:

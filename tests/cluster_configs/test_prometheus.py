@@ -146,6 +146,7 @@ def cluster(tmp_path_factory, free_port, make_ray_cluster):
             "directory_shards": 2,
             "tiers": [{"type": "object_store", "capacity_bytes": 12 * BLOCK}],
             "pending_entries": True,  # the lookups past their budget announce what they compute
+            "agent_view_all_keys": False,  # lookups of unknown keys are waited for: every lookup panel has data
         }
     )
     ctx = ray.get_runtime_context()  # this session's dir is <temp dir>/<session name>

@@ -69,6 +69,7 @@ def dashboard(tmp_path_factory, free_port, make_ray_cluster):
             "namespace": NS,
             "directory_shards": 2,
             "status_log_s": 1.0,
+            "agent_view_all_keys": False,  # lookups reach the shards: their status lines show them
             "tiers": [
                 {"type": "object_store", "capacity_bytes": 8 << 20},
                 {"type": "fs", "root": root, "capacity_bytes": 0},

@@ -119,9 +119,10 @@ def test_the_router_decides_in_bounded_time(slow_shard_services, tmp_path, agent
     """shards: the raykv router asks the real (slow) directory itself
     (``directory_agent: false``): it gives up at its ``lookup_timeout_s`` (0.2 s)
     and routes by power of two choices, well before the shard's 500 ms answer.
-    node-view: it reads the node's view and asks nothing in the decision: it
-    decides at once, without falling back, and sends the keys it did not know to
-    the agent without waiting for them."""
+    node-view: it reads the node's view (complete: every key of the directory,
+    the default) and asks nothing in the decision: it decides at once, without
+    falling back, and the view settles the new keys itself (held by nobody), so
+    nothing goes to the agent either."""
     pytest.importorskip("vllm")
     import asyncio
     import dataclasses
@@ -131,6 +132,9 @@ def test_the_router_decides_in_bounded_time(slow_shard_services, tmp_path, agent
     from tests.raykv.serve.test_router_hooks import FakeReplica, _probed, _request, _router
 
     services = slow_shard_services
+    if agent:
+        handle = services.directory_agent()
+        wait_until(lambda: ray.get(handle.ready.remote()), timeout_s=30, what="the node's view to be complete")
     if not agent:
         config = dataclasses.replace(services.config, directory_agent=False)
         services = RaykvServices(config, services.control, services.directory.shards)
@@ -158,5 +162,5 @@ def test_the_router_decides_in_bounded_time(slow_shard_services, tmp_path, agent
         assert 0.19 <= seconds < 0.2 + STEP_SLACK_S * 2, f"the decision took {seconds * 1e3:.0f} ms"
     else:
         assert fallbacks == 0 and len(chosen) >= 1, chosen
-        assert asked > 0  # its new keys went to the agent, not waited for
+        assert asked == 0  # a complete view knows nobody holds the new keys: nothing to ask
         assert seconds < STEP_SLACK_S, f"the decision took {seconds * 1e3:.0f} ms"

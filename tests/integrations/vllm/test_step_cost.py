@@ -32,10 +32,18 @@ OUTPUT_TOKENS = 8
 GENEROUS_STEP_S = 0.05
 
 CONFIGS = {
-    # the defaults: 5 ms lookup wait, 50 ms RETRY budget
+    # the defaults: the node's view holds every key, so a lookup never waits for the directory
     "defaults": {"namespace": NAMESPACE},
+    # views of asked keys only: a key the view does not know is asked, with the default
+    # 5 ms lookup wait and 50 ms RETRY budget
+    "asked_keys": {"namespace": NAMESPACE + "-asked", "agent_view_all_keys": False},
     # no wait and no RETRY budget: a request never gets RETRY, it computes instead
-    "no_retry": {"namespace": NAMESPACE + "-no-retry", "lookup_wait_ms": 0.0, "lookup_retry_budget_ms": 0.0},
+    "no_retry": {
+        "namespace": NAMESPACE + "-no-retry",
+        "agent_view_all_keys": False,
+        "lookup_wait_ms": 0.0,
+        "lookup_retry_budget_ms": 0.0,
+    },
 }
 
 
@@ -119,10 +127,12 @@ def test_step_and_request_costs_are_measured_after_traffic(served) -> None:
     assert cost["requests"] >= requests, cost
     assert cost["retries_per_request"] is not None and cost["retries"] >= 0, cost
     assert cost["retries"] <= lookups.get("retries", 0.0), (cost, lookups)
-    if name == "defaults":
+    if name == "asked_keys":
         assert cost["lookup_waits"] > 0, cost  # a request's first lookup waits up to 5 ms
     else:
         assert cost["lookup_waits"] == 0, cost
+    if name == "defaults":  # every key answered from the node's complete view: nothing to wait for
+        assert lookups.get("retries", 0.0) == 0 and cost["retries"] == 0, (cost, lookups)
 
 
 def test_without_a_retry_budget_no_request_gets_retry(served) -> None:

@@ -93,18 +93,18 @@ def test_directory_quick_json() -> None:
             assert m["misses"] == 0
     assert len(out["rows"]) == 4
     assert all(r["lookup_keys_per_s"] > 0 and "bytes_per_key" in r for r in out["rows"])
-    # the node agents: the same trace without agents, with them, and with views of every key
+    # the node agents: the same trace without agents, with them (views of every key), and with views of asked keys
     agents = out["agents"]
-    for key in ("without_agents", "with_agents", "with_agents_all_keys"):
+    for key in ("without_agents", "with_agents", "with_agents_asked_keys"):
         c = agents[key]
         assert c["lookups"] > 0 and c["calls_per_shard_per_s"] > 0, (key, c)
         assert sum(c["calls_per_shard_per_s_by_method"].values()) == pytest.approx(c["calls_per_shard_per_s"], abs=0.5)
     assert set(agents["without_agents"]["calls_per_shard_per_s_by_method"]) <= {"lookup", "register", "unregister"}
-    for key in ("with_agents", "with_agents_all_keys"):
+    for key in ("with_agents", "with_agents_asked_keys"):
         c = agents[key]
         assert c["lag_p99_ms"] is not None and c["view_read_32_p50_us"] > 0, (key, c)
         assert "lookup" not in c["calls_per_shard_per_s_by_method"]  # every call goes through the agent
-    complete = agents["with_agents_all_keys"]
+    complete = agents["with_agents"]
     assert complete["lookups_without_a_call"] >= 0.8 * complete["lookups"], complete  # a complete view asks nothing
     assert len(out["targets"]) >= 4
     for t in out["targets"]:

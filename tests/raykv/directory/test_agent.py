@@ -17,6 +17,8 @@ from raykv.holders.holder_actor import WatchableActor
 from tests.waiting import wait_until
 
 NS = "raykv-agent-test"
+#: A namespace whose views keep only their node's and asked keys (``agent_view_all_keys: false``).
+NS_ASKED = "raykv-agent-asked-keys"
 MIB = 1 << 20
 #: The lag a test waits for at most (the bench's target is 100 ms p99; this host is shared).
 LAG_BOUND_S = 1.0
@@ -29,6 +31,16 @@ def cluster(make_ray_cluster):
         workers=[{"num_cpus": 2, "resources": {"node_b": 1}, "object_store_memory": 100 * MIB}],
     )
     services = raykv.start({"namespace": NS, "directory_shards": 2, "agent_window_ms": 2.0})
+    yield services
+    services.shutdown()
+
+
+@pytest.fixture(scope="module")
+def asked(cluster):
+    """Services whose views keep only local and asked keys, on the same cluster."""
+    services = raykv.start(
+        {"namespace": NS_ASKED, "directory_shards": 2, "agent_window_ms": 2.0, "agent_view_all_keys": False}
+    )
     yield services
     services.shutdown()
 
@@ -90,15 +102,16 @@ class Engine:
         return out
 
 
-def _engine(where: str) -> ray.actor.ActorHandle:
-    e = Engine.options(resources={where: 0.01}).remote()
+def _engine(where: str, namespace: str = NS) -> ray.actor.ActorHandle:
+    e = Engine.options(resources={where: 0.01}).remote(namespace)
     ray.get(e.node_id.remote(), timeout=60)
     return e
 
 
 def _holder(services, name: str, node_id: str) -> HolderInfo:
-    actor = FakeHolder.options(name=name, namespace=NS, resources={"node_a": 0.01}).remote()
-    info = HolderInfo(name, "object_store", PLASMA, name, NS, node_id)
+    ns = services.namespace
+    actor = FakeHolder.options(name=name, namespace=ns, resources={"node_a": 0.01}).remote()
+    info = HolderInfo(name, "object_store", PLASMA, name, ns, node_id)
     ray.get(services.directory.add_holder(info, actor))
     return info
 
@@ -108,7 +121,7 @@ def _keys(n: int, seed: int) -> list[bytes]:
 
 
 def _agent_stats(services, node_id: str) -> AgentStats:
-    agent = ray.get_actor(naming.directory_agent(node_id), namespace=NS)
+    agent = ray.get_actor(naming.directory_agent(node_id), namespace=services.namespace)
     return ray.get(agent.stats.remote(), timeout=30)
 
 
@@ -142,10 +155,12 @@ def test_a_block_stored_on_a_is_seen_on_b_within_the_lag_bound(cluster):
     assert stats.lag_p99_s is not None and stats.feed_entries > 0
 
 
-def test_keys_the_view_knows_need_no_call(cluster):
-    services = cluster
-    eng = _engine("node_b")
-    node_a = ray.get(_engine("node_a").node_id.remote())
+def test_keys_the_view_knows_need_no_call(asked):
+    """A view of asked keys: an unknown prefix costs one call to the agent, and the
+    same prefix asked again is answered from the shared view without one."""
+    services = asked
+    eng = _engine("node_b", NS_ASKED)
+    node_a = ray.get(_engine("node_a", NS_ASKED).node_id.remote())
     holder = _holder(services, "holder-view", node_a)
     keys = _keys(32, seed=2)
     ray.get(services.directory.register(holder.holder_id, keys[:16]))
@@ -159,11 +174,12 @@ def test_keys_the_view_knows_need_no_call(cluster):
     print(f"\n32-key prefix from the view: p50 {p50 * 1e6:.0f} us, p99 {p99 * 1e6:.0f} us")
 
 
-def test_engines_of_a_node_share_calls_to_the_shards(cluster):
-    """Eight engines on one node ask at the same moment: the agent makes one call
-    per shard for them, not one per engine per shard."""
-    services = cluster
-    engines = [_engine("node_a") for _ in range(8)]
+def test_engines_of_a_node_share_calls_to_the_shards(asked):
+    """Eight engines on one node ask at the same moment (views of asked keys: every
+    new prefix is a question): the agent makes one call per shard for them, not one
+    per engine per shard."""
+    services = asked
+    engines = [_engine("node_a", NS_ASKED) for _ in range(8)]
     node_a = ray.get(engines[0].node_id.remote())
     before = _agent_stats(services, node_a)
     keys = _keys(64, seed=3)
@@ -259,25 +275,19 @@ def test_identity_and_tenant_scoping_hold_through_the_view(cluster):
 
 
 def test_a_view_of_every_key_answers_without_asking(cluster):
-    """``agent_view_all_keys``: node B's view takes node A's keys unasked, and once it
-    holds every key, a key it does not list is held by nobody: no call at all."""
-    NS_ALL = "raykv-agent-all-keys"
-    services = raykv.start({"namespace": NS_ALL, "directory_shards": 2, "agent_view_all_keys": True})
-    try:
-        eng = Engine.options(resources={"node_b": 0.01}).remote(NS_ALL)
-        node_a = ray.get(_engine("node_a").node_id.remote())
-        actor = FakeHolder.options(name="holder-all", namespace=NS_ALL, resources={"node_a": 0.01}).remote()
-        info = HolderInfo("holder-all", "object_store", PLASMA, "holder-all", NS_ALL, node_a)
-        ray.get(services.directory.add_holder(info, actor))
-        held, never = _keys(16, seed=6), _keys(16, seed=7)
-        ray.get(services.directory.register(info.holder_id, held))
-        wait_until(
-            lambda: ray.get(eng.view_only.remote(held + never)) == [["holder-all"]] * 16 + [[]] * 16,
-            timeout_s=10,
-            what="B's view to hold A's keys unasked, and to be complete",
-        )
-        answered, sent = ray.get(eng.resolve.remote(held + never))
-        assert answered and sent == 0  # every answer from the view: not one call
-        assert ray.get(eng.holders.remote(held + never)) == [["holder-all"]] * 16 + [[]] * 16
-    finally:
-        services.shutdown()
+    """The default (``agent_view_all_keys``): node B's view takes node A's keys unasked,
+    and once it holds every key, a key it does not list is held by nobody: no call at all."""
+    services = cluster
+    eng = _engine("node_b")
+    node_a = ray.get(_engine("node_a").node_id.remote())
+    info = _holder(services, "holder-all", node_a)
+    held, never = _keys(16, seed=6), _keys(16, seed=7)
+    ray.get(services.directory.register(info.holder_id, held))
+    wait_until(
+        lambda: ray.get(eng.view_only.remote(held + never)) == [["holder-all"]] * 16 + [[]] * 16,
+        timeout_s=10,
+        what="B's view to hold A's keys unasked, and to be complete",
+    )
+    answered, sent = ray.get(eng.resolve.remote(held + never))
+    assert answered and sent == 0  # every answer from the view: not one call
+    assert ray.get(eng.holders.remote(held + never)) == [["holder-all"]] * 16 + [[]] * 16

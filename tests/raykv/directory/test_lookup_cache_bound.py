@@ -26,7 +26,11 @@ def _rss_mib() -> float:
 
 @pytest.fixture
 def bounded(ray_local):
-    services = raykv.start({"namespace": "raykv-bounded", "directory_shards": 2, "lookup_cache_entries": CAP})
+    # Views of asked keys only: every distinct key is a question whose answer the engine keeps
+    # (a complete view, the default, answers them from /dev/shm and the engine keeps nothing).
+    services = raykv.start(
+        {"namespace": "raykv-bounded", "directory_shards": 2, "lookup_cache_entries": CAP, "agent_view_all_keys": False}
+    )
     region = PrimaryRegion(64, 4096)
     tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
     yield services, tier

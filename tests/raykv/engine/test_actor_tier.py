@@ -4,6 +4,7 @@ request's whole prefix is resolved in one directory call at its first lookup."""
 from __future__ import annotations
 
 import pytest
+import ray
 
 import raykv
 from raykv.core.contract import LookupResult, ReqContext
@@ -12,12 +13,21 @@ from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
 
 
 @pytest.fixture
 def tier_and_services(ray_local):
     # A generous wait: the call returns as soon as the answer lands; the test times nothing.
-    services = raykv.start({"namespace": "raykv-no-extra-step", "directory_shards": 2, "lookup_wait_ms": 1000.0})
+    # Views of asked keys only: a key the node's view does not know is a directory call.
+    services = raykv.start(
+        {
+            "namespace": "raykv-no-extra-step",
+            "directory_shards": 2,
+            "lookup_wait_ms": 1000.0,
+            "agent_view_all_keys": False,
+        }
+    )
     region = PrimaryRegion(16, 4096)
     tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
     yield tier, services
@@ -67,6 +77,34 @@ def test_without_a_wait_the_prefix_still_goes_in_one_call(ray_local):
                 cache.wait(10)  # the next step: the one call has answered
                 assert [tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 3 + [LookupResult.MISS] * 3
                 assert cache.lookups_sent - sent == 1, "later keys of the prefix were asked again"
+            finally:
+                tier.shutdown()
+    finally:
+        services.shutdown()
+
+
+def test_a_complete_view_answers_a_new_prefix_in_its_first_step_without_a_call(ray_local):
+    """The default view (every key of the directory): once complete, a prefix nobody
+    holds is a MISS for every key in the step that asked, and no call is made."""
+    services = raykv.start({"namespace": "raykv-complete-view", "directory_shards": 2, "lookup_wait_ms": 0.0})
+    try:
+        agent = services.directory_agent()
+        wait_until(lambda: ray.get(agent.ready.remote()), timeout_s=30, what="the node's view to be complete")
+        with PrimaryRegion(16, 4096) as region:
+            tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+            try:
+                keys = prefix_keys(list(range(12_000, 12_000 + 8 * 16)), 16)
+                assert TierDriver(tier).store(keys[:3], [0, 1, 2]).success
+                cache = services.lookup_cache
+                wait_until(
+                    lambda: cache.view is not None and cache.view.lookup(scoped_keys(keys[:3]))[0],
+                    timeout_s=10,
+                    what="the stored keys in the node's view",
+                )
+                sent = cache.lookups_sent
+                ctx = ReqContext("r4", prefix_keys=lambda: keys)
+                assert [tier.lookup(k, ctx) for k in keys] == [LookupResult.HIT] * 3 + [LookupResult.MISS] * 5
+                assert cache.lookups_sent == sent, "a complete view still asked the directory"
             finally:
                 tier.shutdown()
     finally:

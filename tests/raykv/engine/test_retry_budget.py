@@ -21,6 +21,9 @@ from raykv.metrics.step_cost import StepCost
 
 
 def _tier(namespace: str, **config):
+    # Views of asked keys only: a key the view does not know is a question for the
+    # directory, whose answer a request waits for (a complete view, the default, knows every key).
+    config = {"agent_view_all_keys": False, **config}
     services = raykv.start({"namespace": namespace, "directory_shards": 2, **config})
     region = PrimaryRegion(16, 4096)
     tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)

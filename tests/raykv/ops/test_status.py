@@ -62,7 +62,8 @@ def filled(tmp_path_factory):
         _system_config={"metrics_report_interval_ms": 500},
     )
     root = str(tmp_path_factory.mktemp("fs-root"))
-    services = raykv.start({"namespace": NS, "directory_shards": 3})
+    # Views of asked keys only, so the engines' lookups reach the agent and its figures show them.
+    services = raykv.start({"namespace": NS, "directory_shards": 3, "agent_view_all_keys": False})
     region = PrimaryRegion(32, BLOCK)
     region.array[:] = np.random.default_rng(1).integers(0, 256, region.array.shape, dtype=np.uint8)
     totals = {}
