@@ -301,6 +301,7 @@ class DirectoryAgent:
             lag_p99_s=p99,
             started_at=self.started_at,
             holder_changes=self.changes,
+            view_scope="all" if view.complete else "filling" if view.all_keys else "asked",
         )
 
     async def ping(self) -> bool:

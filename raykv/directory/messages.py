@@ -128,13 +128,17 @@ class AgentStats:
     started_at: float = 0.0
     #: Holders' register / unregister calls taken.
     holder_changes: int = 0
+    #: What the view holds: "all" (every key of the directory: a key not listed is held by
+    #: nobody), "filling" (every key, not all read yet) or "asked" (own holders' and asked keys).
+    view_scope: str = "asked"
 
     def summary(self) -> str:
         """View size, calls and lag, one line (the agent's status log)."""
         p50, p99 = self.lag_p50_s, self.lag_p99_s
         lag = "no changes yet" if p99 is None or p50 is None else f"lag p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         return (
-            f"directory agent of node {self.node_id[:12]}: view {self.view_keys} keys ({self.local_keys} local); "
+            f"directory agent of node {self.node_id[:12]}: view {self.view_keys} keys ({self.local_keys} local, "
+            f"{self.view_scope}); "
             f"{self.lookups} engine lookups + {self.holder_changes} holder changes "
             f"-> {self.shard_calls.get('apply', 0)} shard calls; {lag}; {self.resets} resets"
         )

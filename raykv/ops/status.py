@@ -117,6 +117,8 @@ class AgentRow(TypedDict, total=False):
     view_keys: int
     local_keys: int
     view_bytes: int
+    #: "all" (complete: every key of the directory), "filling" or "asked" (own and asked keys).
+    view: str
     engine_calls: int
     shard_calls: int
     lag_p50_ms: float | None
@@ -273,6 +275,7 @@ def _agent_rows(services: RaykvServices, timeout: float) -> list[AgentRow]:
                 "view_keys": a.view_keys,
                 "local_keys": a.local_keys,
                 "view_bytes": a.view_bytes,
+                "view": a.view_scope,
                 "engine_calls": a.lookups,
                 "shard_calls": a.shard_calls.get("apply", 0),
                 "lag_p50_ms": None if a.lag_p50_s is None else round(a.lag_p50_s * 1e3, 2),
@@ -428,7 +431,7 @@ def _agent_lines(agents: list[AgentRow]) -> list[str]:
         return []
     lines = [
         "",
-        f"{'directory agent (node)':<22} {'alive':<6} {'window':>7} {'view keys':>10} {'local':>8} "
+        f"{'directory agent (node)':<22} {'alive':<6} {'window':>7} {'view':>7} {'view keys':>10} {'local':>8} "
         f"{'view mem':>9} {'engine calls':>12} {'shard calls':>11} {'lag p50/p99 ms':>15} {'resets':>6}",
     ]
     for a in agents:
@@ -438,7 +441,8 @@ def _agent_lines(agents: list[AgentRow]) -> list[str]:
         p50, p99 = a.get("lag_p50_ms"), a.get("lag_p99_ms")
         lag = "-" if p50 is None or p99 is None else f"{p50:.1f}/{p99:.1f}"
         lines.append(
-            f"{a['node_id'][:22]:<22} {'yes':<6} {a.get('window_ms', 0):>5.1f}ms {a.get('view_keys', 0):>10} "
+            f"{a['node_id'][:22]:<22} {'yes':<6} {a.get('window_ms', 0):>5.1f}ms {a.get('view', '-'):>7} "
+            f"{a.get('view_keys', 0):>10} "
             f"{a.get('local_keys', 0):>8} {fmt_bytes(a.get('view_bytes', 0)):>9} {a.get('engine_calls', 0):>12} "
             f"{a.get('shard_calls', 0):>11} {lag:>15} {a.get('resets', 0):>6}"
         )

@@ -290,4 +290,5 @@ def test_a_view_of_every_key_answers_without_asking(cluster):
     )
     answered, sent = ray.get(eng.resolve.remote(held + never))
     assert answered and sent == 0  # every answer from the view: not one call
+    assert _agent_stats(services, ray.get(eng.node_id.remote())).view_scope == "all"
     assert ray.get(eng.holders.remote(held + never)) == [["holder-all"]] * 16 + [[]] * 16

@@ -131,6 +131,7 @@ def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> Non
     assert agent["local_keys"] == placed["object_store"]  # the node's object store; the fs root is no node's
     assert agent["view_keys"] >= agent["local_keys"] and agent["view_bytes"] > 0
     assert agent["engine_calls"] > 0 and agent["shard_calls"] > 0 and agent["resets"] == 0
+    assert agent["view"] == "asked"  # this namespace's views keep own and asked keys only
     # the tiers here run under the default identity: all 16 blocks are its, per tier
     (ident,) = status["identities"]
     assert ident["model"] == "default" and ident["blocks"] == 16
@@ -158,6 +159,6 @@ def test_status_table(filled) -> None:
     assert "directory: 3 shard(s), 16 keys" in table
     assert "raykv-directory-2" in table
     agent_row = next(line for line in table.splitlines() if line.startswith(node[:22]))
-    assert agent_row.split()[1] == "yes" and "2.0ms" in agent_row
+    assert agent_row.split()[1] == "yes" and "2.0ms" in agent_row and agent_row.split()[3] == "asked"
     ident_row = next(line for line in table.splitlines() if line.startswith(status["identities"][0]["tag"]))
     assert " 16 " in ident_row and "default" in ident_row and "object_store 10" in ident_row
