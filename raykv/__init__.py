@@ -13,10 +13,13 @@ from raykv.core.contract import (
 from raykv.core.errors import BlockError, RaykvError
 from raykv.core.factory import TierFactory
 from raykv.core.keys import OffloadKey, make_offload_key, prefix_keys
+from raykv.core.logs import configure_from_env
 from raykv.core.validate import ConfigError
 from raykv.services.cluster import RaykvServices, attach, start
 
 __version__ = "0.1.0"
+
+configure_from_env()
 
 __all__ = [
     "BlockError",

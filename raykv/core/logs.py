@@ -1,0 +1,43 @@
+"""raykv's own log level, from ``RAYKV_LOG_LEVEL`` (for example ``debug``).
+
+Engine processes (vLLM's engine core, Serve replicas) configure the ``vllm`` and
+``ray`` loggers, not raykv's, so raykv's debug lines (the compute-once rule's
+decisions, lookup waits) are dropped there. Set ``RAYKV_LOG_LEVEL`` in the
+environment the processes inherit (``runtime_env.env_vars`` on a real cluster) and
+every process that imports raykv logs at that level to its stderr, which Ray
+keeps in the worker's log file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+#: The environment variable read at import.
+LOG_LEVEL_ENV = "RAYKV_LOG_LEVEL"
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_from_env() -> None:
+    """Apply ``RAYKV_LOG_LEVEL`` to the ``raykv`` logger (no-op when unset).
+
+    A value outside ``LEVELS`` is reported once on stderr and ignored: an import
+    must not fail over a log setting."""
+    value = os.environ.get(LOG_LEVEL_ENV, "").strip().lower()
+    if not value:
+        return
+    if value not in LEVELS:
+        print(
+            f"raykv: {LOG_LEVEL_ENV}={value!r} ignored: allowed values are {', '.join(LEVELS)}",
+            file=sys.stderr,
+        )
+        return
+    logger = logging.getLogger("raykv")
+    logger.setLevel(value.upper())
+    if not any(getattr(h, "_raykv_env", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
+        handler._raykv_env = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+        logger.propagate = False  # one line per record, not one more through a configured root
