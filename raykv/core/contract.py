@@ -86,6 +86,9 @@ class ReqContext:
     #: (monotonic s; None: it has not met any), and whether that wait was counted.
     pending_announced: bool = field(default=False, repr=False, compare=False)
     pending_wait_until: float | None = field(default=None, repr=False, compare=False)
+    #: The latest it waits while the other engine's entries still live (monotonic s).
+    pending_wait_live_until: float | None = field(default=None, repr=False, compare=False)
+    pending_wait_extended: bool = field(default=False, repr=False, compare=False)
     pending_wait_ended: bool = field(default=False, repr=False, compare=False)
     pending_loaded: bool = field(default=False, repr=False, compare=False)
     #: When the entries it waits for were first seen gone without their blocks (monotonic s).

@@ -310,6 +310,8 @@ class ComputeOnce:
                 blocks = request_blocks(req_context)
                 wait_s = book.decide(blocks)
                 req_context.pending_wait_until = now + wait_s
+                if wait_s > 0:
+                    req_context.pending_wait_live_until = now + book.max_wait_s
                 logger.debug(
                     "raykv: %s meets %d blocks another engine computes: %s (compute %s s/block, load %s s/block)",
                     req_context.req_id,
@@ -319,6 +321,8 @@ class ComputeOnce:
                     book.load_s_per_block,
                 )
             until = req_context.pending_wait_until
+            if until is not None and computing and now >= until:
+                until = self._still_live(req_context, until, now)
             if until is not None and now < until:
                 # An entry that just ended names a block whose registration may reach this
                 # node's view a little later (another shard's feed): wait for it a moment.
@@ -341,6 +345,28 @@ class ComputeOnce:
             req_context.retries += 1
             return LookupResult.RETRY
         return result
+
+    @staticmethod
+    def _still_live(req_context: ReqContext, until: float, now: float) -> float:
+        """Past its own wait, a request whose blocks are still pending waits on while
+        the entries live, up to ``pending_max_wait_ms`` from its wait's start (the
+        entries' own deadline is at most that). The announcer is slower than this
+        engine's estimate (it is loaded, or queued), but it started earlier: computing
+        now would cost this request its whole compute time on top of the wait so far,
+        while the copy is due once the announcer's remaining part is done. An announcer
+        that dies ends its entries at once, so this never outlasts a crash."""
+        live_until = req_context.pending_wait_live_until
+        if live_until is None or now >= live_until:
+            return until
+        req_context.pending_wait_until = live_until  # from now on, an entry that ends gets the usual grace
+        if not req_context.pending_wait_extended:
+            req_context.pending_wait_extended = True
+            logger.debug(
+                "raykv: %s: past its own wait, the blocks are still pending: waits on, up to %.3f s more",
+                req_context.req_id,
+                live_until - now,
+            )
+        return live_until
 
     def unknown(self, key: bytes, req_context: ReqContext) -> bool:
         """``key``'s holders are not known yet and the request will not wait longer for
@@ -420,6 +446,7 @@ class ComputeOnce:
         req_context.pending_announced = False
         req_context.pending_wait_ended = False
         req_context.pending_wait_until = now + wait_s
+        req_context.pending_wait_live_until = now + book.max_wait_s
         return True
 
     def _computing(self, key: bytes, req_context: ReqContext) -> bool:

@@ -223,6 +223,29 @@ def test_a_request_waits_while_its_later_blocks_are_pending(services) -> None:
         ray.get([a.close.remote(), b.close.remote()])
 
 
+def test_a_waiter_past_its_own_estimate_waits_on_while_the_entries_live(services) -> None:
+    """B measured its own compute at 10 ms a block, so its own wait is 0.34 s; A (loaded:
+    10 s a block) is still computing after that. Computing now would cost B its whole
+    compute on top of the wait: it waits on while A's entries live, then loads."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(42_000, 42_000 + 6 * 16)), 16)
+    try:
+        ray.get([a.measured.remote(10.0), b.measured.remote(0.01)])
+        assert _settled(a, keys, "a-7")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert ray.get(b.step.remote(keys, "b-7")) == ["RETRY"]
+        own_wait_ends = time.monotonic() + WAIT_FACTOR * 0.01 * 6 + WAIT_SLACK_S
+        while time.monotonic() < own_wait_ends + 1.0:  # a second past its own wait
+            assert ray.get(b.step.remote(keys, "b-7")) == ["RETRY"]
+            time.sleep(0.05)
+        assert ray.get(a.store.remote(keys))
+        assert _settled(b, keys, "b-7")[0] == ["HIT"] * 6
+        got = ray.get(b.decisions.remote())
+        assert got["wait"] == 1 and got["loaded"] == 1 and got["gave_up"] == 0, got
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
 def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
     """Both get the same new prefix at the same moment, so both announce it; the one
     whose entry reached the directory second sees the other's first, withdraws its
