@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypedDict, TypeVar, final
@@ -35,6 +36,8 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 T = TypeVar("T")
+_Item = TypeVar("_Item")
+_Result = TypeVar("_Result")
 
 
 def read_settled(read: Callable[[], T], settle_s: float, timeout_s: float, min_wait_s: float = 0.0) -> T:
@@ -253,3 +256,26 @@ def random_keys(n: int, tag: bytes, key_bytes: int = 44) -> list[bytes]:
     step = key_bytes - len(tag)
     blob = os.urandom(n * step)
     return [tag + blob[i : i + step] for i in range(0, len(blob), step)]
+
+
+def all_at_once(send: Callable[[_Item], _Result], items: Sequence[_Item]) -> list[_Result | BaseException]:
+    """``send`` every item at the same moment (a thread each, released together by a
+    barrier, as a burst of clients would); per item, its result or its error."""
+    out: list[_Result | BaseException] = [RuntimeError("not sent")] * len(items)
+    if not items:
+        return out
+    go = threading.Barrier(len(items))
+
+    def one(i: int) -> None:
+        go.wait()
+        try:
+            out[i] = send(items[i])
+        except Exception as e:  # noqa: BLE001 - the caller reports it
+            out[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(items))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out

@@ -40,13 +40,13 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, TypedDict, final
 
 from raykv.bench.common import (
     Failed,
+    all_at_once,
     machine,
     median,
     names_option,
@@ -383,31 +383,17 @@ def _warm_all_nodes(services: RaykvServices, prefix: list[int], ttl_s: float, re
         raise RuntimeError(f"warm --all-nodes did not reach every node: {copies.report() if copies else None}")
 
 
-def _all_at_once(prompts: list[list[int]]) -> list[BaseException | None]:
-    """Send every prompt at once (a thread each); each one's error, or None."""
-    out: list[BaseException | None] = [None] * len(prompts)
-
-    def one(i: int) -> None:
-        try:
-            complete_with(prompts[i], None)
-        except Exception as e:  # noqa: BLE001 - reported by the caller
-            out[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+def _errors_of(prompts: list[list[int]]) -> list[BaseException]:
+    """Send every prompt at once; the errors of those that failed."""
+    results = all_at_once(lambda prompt: complete_with(prompt, None), prompts)
+    return [r for r in results if isinstance(r, BaseException)]
 
 
 def _warm_up(replicas: int) -> None:
     """Kernel set-up on every replica (short prompts nothing else shares)."""
     from raykv.demo.tiny_model import make_prompt_tokens
 
-    failed = [
-        e for e in _all_at_once([make_prompt_tokens(2 * BLOCK + 7, 90_000 + i) for i in range(3 * replicas)]) if e
-    ]
+    failed = _errors_of([make_prompt_tokens(2 * BLOCK + 7, 90_000 + i) for i in range(3 * replicas)])
     if failed:
         raise RuntimeError(f"the app failed warm-up requests: {failed[0]!r}")
 
@@ -487,7 +473,7 @@ def _flood(
     batch = 2 * args.replicas
     while sent < args.max_flood_prompts:
         prompts = [make_prompt_tokens(args.flood_tokens, 30_000 + sent + i) for i in range(batch)]
-        failed = [e for e in _all_at_once(prompts) if e]
+        failed = _errors_of(prompts)
         if failed:
             raise RuntimeError(f"a flood request failed: {failed[0]!r}")
         sent += batch

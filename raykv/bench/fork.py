@@ -28,11 +28,20 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import threading
 import time
 from typing import TYPE_CHECKING, TypedDict, final
 
-from raykv.bench.common import Failed, machine, names_option, percentile, read_settled, table, target, targets_table
+from raykv.bench.common import (
+    Failed,
+    all_at_once,
+    machine,
+    names_option,
+    percentile,
+    read_settled,
+    table,
+    target,
+    targets_table,
+)
 from raykv.bench.routing import (
     BLOCK,
     METRICS_SETTLE_S,
@@ -205,23 +214,8 @@ def _run_config(name: str, model: str, root: str, args: argparse.Namespace, prog
 
 
 def _all_at_once(prompts: list[list[int]]) -> list[tuple[Usage, float] | BaseException]:
-    """Send every prompt at the same moment (a thread each, released together)."""
-    out: list[tuple[Usage, float] | BaseException] = [RuntimeError("not sent")] * len(prompts)
-    go = threading.Barrier(len(prompts))
-
-    def one(i: int) -> None:
-        go.wait()
-        try:
-            out[i] = complete(prompts[i], timeout_s=REQUEST_TIMEOUT_S)
-        except Exception as e:  # noqa: BLE001 - reported by the caller
-            out[i] = e
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
+    """Send every prompt at the same moment; per prompt, its usage and TTFT, or its error."""
+    return all_at_once(lambda prompt: complete(prompt, timeout_s=REQUEST_TIMEOUT_S), prompts)
 
 
 def _warm_up(replicas: int) -> None:
