@@ -212,7 +212,7 @@ class RankPolicy:
     ranked after all others, whatever it holds.
     """
 
-    load_weight: float = 0.5
+    load_weight: float = 0.25
     max_load_share: float = 1.5
     min_queue_gap: int = 2
     ties: float = 0.5  # replicas within this many blocks of the best share the first rank
