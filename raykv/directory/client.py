@@ -275,7 +275,7 @@ class LookupCache:
         self.lookups_sent = 0
         #: The round trips of the lookups this process waited for (``RoundTrips.wait_budget``).
         self.round_trips = RoundTrips()
-        self._timed: set[int] = set()  # ids of waited-for lookups that answered late
+        self._timed: dict[int, float] = {}  # waited-for lookups answering late: id -> last seen unanswered
         #: Lookup rounds: one per engine step that looked anything up (the first
         #: ``flush`` after a ``poll``). A request RETRY'd in two rounds in a row
         #: is still held back (``lookup_retry_budget_ms``).
@@ -371,7 +371,7 @@ class LookupCache:
         self._answer(pending.keys, answers)
         with self._lock:
             self._pending = [p for p in self._pending if p is not pending]
-            self._timed.discard(id(pending))
+            self._timed.pop(id(pending), None)
             for k in pending.keys:
                 if self._in_flight.get(k) is pending:
                     del self._in_flight[k]
@@ -388,13 +388,15 @@ class LookupCache:
         for p in pending:
             try:
                 if p.done():
-                    if id(p) in self._timed:  # a wait that timed out: its round trip, at most this
-                        self.round_trips.observe(time.monotonic() - p.sent_at)
+                    if id(p) in self._timed:  # a wait that timed out: its round trip is at least this
+                        self.round_trips.observe(self._timed[id(p)] - p.sent_at)  # (not the idle time since)
                     answers = p.result(timeout=0)
                 elif time.monotonic() - p.sent_at > self.max_wait_s:
                     logger.warning("directory lookup of %d keys timed out", len(p.keys))
                     answers = [[] for _ in p.keys]
                 else:
+                    if id(p) in self._timed:
+                        self._timed[id(p)] = time.monotonic()
                     continue
             except Exception as e:  # a shard died mid-lookup: treat as misses
                 logger.warning("directory lookup failed: %r", e)
@@ -444,7 +446,7 @@ class LookupCache:
             return True
         with self._lock:  # not in time: ``poll`` absorbs it later
             if timeout_s > 0:
-                self._timed.add(id(pending))
+                self._timed[id(pending)] = time.monotonic()
             self._pending.append(pending)
         return False
 

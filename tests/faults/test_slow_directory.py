@@ -19,6 +19,7 @@ from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.factory import TierFactory
 from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys, shard_of
+from raykv.directory.client import LookupCache
 from raykv.directory.shard import TESTING_DELAY_ENV
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
@@ -112,6 +113,37 @@ def test_a_slow_shard_costs_misses_never_a_stalled_step(slow_shard_services) -> 
     finally:
         tier.shutdown()
         region.close()
+
+
+def test_a_late_answer_taken_in_after_an_idle_spell_is_not_its_round_trip(slow_shard_services) -> None:
+    """A lookup that outlived its wait is taken in at the engine's next step. An
+    engine that steps meanwhile measures the slow shard's lateness; an idle one,
+    whose next step comes seconds later, must not record those seconds as a round
+    trip (they turned lookup waits off for a dozen seconds after an idle spell)."""
+    directory = slow_shard_services.directory
+    fresh = iter(range(30_000, 10**6, 16))
+
+    def slow_keys(n: int) -> list[bytes]:
+        keys: list[bytes] = []
+        while len(keys) < n:
+            start = next(fresh)
+            keys += [k for k in prefix_keys(list(range(start, start + 16)), 16) if shard_of(k, 2) == 0]
+        return keys
+
+    idle = LookupCache(directory)  # no node view: every lookup asks the shards
+    assert not idle.resolve(slow_keys(4), WAIT_MS / 1e3)
+    time.sleep(DELAY_MS / 1e3 + 1.0)  # no step, no poll
+    idle.poll()
+    assert idle.round_trips.rtt_s is not None and idle.round_trips.rtt_s < DELAY_MS / 1e3 / 2, idle.round_trips.rtt_s
+
+    stepping = LookupCache(directory)
+    assert not stepping.resolve(slow_keys(4), WAIT_MS / 1e3)
+    t0 = time.monotonic()
+    while stepping.round_trips.rtt_s is None and time.monotonic() - t0 < 10:
+        stepping.poll()  # one engine step every ~10 ms
+        time.sleep(0.01)
+    rtt = stepping.round_trips.rtt_s
+    assert rtt is not None and 0.8 * DELAY_MS / 1e3 <= rtt <= DELAY_MS / 1e3 + STEP_SLACK_S * 3, rtt
 
 
 @pytest.mark.parametrize("agent", [False, True], ids=["shards", "node-view"])
