@@ -9,6 +9,7 @@ import ray
 
 import raykv
 from raykv.core.contract import LookupResult
+from raykv.core.identity import scoped_keys
 
 BLOCK = 64 * 1024
 NAMESPACE = "raykv-fs-2node"
@@ -40,6 +41,9 @@ class Engine:
         from raykv.engine.tier_driver import TierDriver
 
         self.region.array[:] = 0
+        # Asked of the directory, not this node's view: A's registrations reach B's view
+        # within the replica lag (~0.1 s), and this lookup comes right after A's store.
+        self.tier.services.lookup_cache.invalidate(scoped_keys(keys))
         found = [r.name for r in self.tier.lookup_blocking(keys)]
         slots = list(range(len(keys)))[::-1]
         res = TierDriver(self.tier).load(keys, slots)
