@@ -9,7 +9,6 @@ import ray
 
 import raykv
 from raykv.core.contract import LookupResult
-from raykv.core.identity import scoped_keys
 
 BLOCK = 64 * 1024
 NAMESPACE = "raykv-fs-2node"
@@ -41,9 +40,8 @@ class Engine:
         from raykv.engine.tier_driver import TierDriver
 
         self.region.array[:] = 0
-        # Asked of the directory, not this node's view: A's registrations reach B's view
-        # within the replica lag (~0.1 s), and this lookup comes right after A's store.
-        self.tier.services.lookup_cache.invalidate(scoped_keys(keys))
+        # Right after A's store: B's view may not show it yet (replica lag, ~0.1 s), but
+        # lookup_blocking asks the directory about every key the view says nobody holds.
         found = [r.name for r in self.tier.lookup_blocking(keys)]
         slots = list(range(len(keys)))[::-1]
         res = TierDriver(self.tier).load(keys, slots)
