@@ -49,8 +49,10 @@ from raykv.bench.routing import (
     Usage,
     complete,
     full_block_tokens,
+    model_positions,
     resolve_model,
 )
+from raykv.config.options import RaykvConfig
 from raykv.core.wire import Report
 
 if TYPE_CHECKING:
@@ -59,9 +61,9 @@ if TYPE_CHECKING:
 HELP = "a burst of requests sharing a new long prefix: computed once or per replica? (3 configurations)"
 
 CONFIGS = ("today", "pending", "router")
-#: Engine cache per replica, in blocks of ``BLOCK`` tokens: a burst's prefix and every fork's suffix fit.
+#: Engine cache per replica, in blocks of ``BLOCK`` tokens: a burst's prefix and every fork's suffix
+#: fit (at least; twice a longer prompt's blocks, ``engine_blocks``).
 ENGINE_BLOCKS = 64
-MAX_MODEL_LEN = 4096
 #: A burst's requests that do not answer in this time count as failed.
 REQUEST_TIMEOUT_S = 120
 #: Pause between bursts, so that one burst's stores do not overlap the next one.
@@ -75,7 +77,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suffix-tokens", type=int, default=32, help="each fork's own suffix (default 32)")
     p.add_argument("--bursts", type=int, default=3, help="bursts per configuration, a new prefix each (default 3)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
-    p.add_argument("--model", help="'bench' (default: the local bench model), 'tiny', or a model directory")
+    p.add_argument(
+        "--model",
+        help="'bench' (default: the local bench model, 4096 positions), 'bench-long' (the same, 32768 "
+        "positions: a prefix past 4k tokens), 'tiny', or a model directory",
+    )
+    p.add_argument(
+        "--pending-max-wait-ms",
+        type=float,
+        help="raykv's pending_max_wait_ms for the configurations with pending entries (default: raykv's)",
+    )
     p.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
 
 
@@ -117,6 +128,7 @@ class ForkResult(TypedDict):
     suffix_tokens: int
     bursts: int
     model: str
+    pending_max_wait_ms: float  # what the pending configurations ran with
     configs: dict[str, ConfigSummary | Failed]
     targets: list[Report]
 
@@ -137,8 +149,16 @@ def run(args: argparse.Namespace) -> ForkResult:
         raise ValueError("--forks: at least 2; --bursts: at least 1")
     if args.prefix_tokens < BLOCK or args.suffix_tokens < 1:
         raise ValueError(f"--prefix-tokens: at least {BLOCK} (one block); --suffix-tokens: at least 1")
-    if args.prefix_tokens + args.suffix_tokens >= MAX_MODEL_LEN:
-        raise ValueError(f"--prefix-tokens + --suffix-tokens: under {MAX_MODEL_LEN} (the engines' max_model_len)")
+    positions = args.max_model_len = model_positions(args)
+    if args.prefix_tokens + args.suffix_tokens >= positions:
+        raise ValueError(
+            f"--prefix-tokens + --suffix-tokens: under {positions} (the model's max_model_len; "
+            "--model bench-long: 32768)"
+        )
+    if args.pending_max_wait_ms is None:
+        args.pending_max_wait_ms = RaykvConfig().pending_max_wait_ms
+    elif not 0 <= args.pending_max_wait_ms <= 600_000:
+        raise ValueError(f"--pending-max-wait-ms: from 0 to 600000, got {args.pending_max_wait_ms}")
     configs = names_option("--configs", args.configs, CONFIGS)
     require_vllm()
     model, model_name = resolve_model(args)
@@ -169,6 +189,7 @@ def run(args: argparse.Namespace) -> ForkResult:
         "suffix_tokens": args.suffix_tokens,
         "bursts": args.bursts,
         "model": model_name,
+        "pending_max_wait_ms": args.pending_max_wait_ms,
         "configs": per,
         "targets": _targets(per),
     }
@@ -183,16 +204,24 @@ def _run_config(name: str, model: str, root: str, args: argparse.Namespace, prog
     from raykv.demo.replicas import chunk_bytes, deployment_primary_chunks
 
     namespace = f"raykv-bench-fork-{name}"
-    services = raykv.start({"namespace": namespace, "directory_shards": 2, "pending_entries": name != "today"})
+    options = {"namespace": namespace, "directory_shards": 2, "pending_entries": name != "today"}
+    if name != "today":
+        options["pending_max_wait_ms"] = args.pending_max_wait_ms
+    services = raykv.start(options)
+    blocks = engine_blocks(args)
     app = bench_app(
         model,
         model_id=MODEL_ID,
         replicas=args.replicas,
         router="raykv" if name == "router" else "default",
         raykv={"namespace": namespace, "tiers": [{"type": "object_store"}, {"type": "fs", "root": root}]},
-        cpu_bytes=deployment_primary_chunks(ENGINE_BLOCKS) * chunk_bytes(model),
+        cpu_bytes=deployment_primary_chunks(blocks) * chunk_bytes(model),
         engine_cache=True,
-        engine_kwargs={"max_model_len": MAX_MODEL_LEN, "num_gpu_blocks_override": ENGINE_BLOCKS},
+        # (half the cache: vLLM wants a block or two more than the longest prompt)
+        engine_kwargs={
+            "max_model_len": min(args.max_model_len, blocks * BLOCK // 2),
+            "num_gpu_blocks_override": blocks,
+        },
     )
     try:
         serve.run(app, name="raykv-bench-fork", route_prefix="/", blocking=False)
@@ -211,6 +240,11 @@ def _run_config(name: str, model: str, root: str, args: argparse.Namespace, prog
     finally:
         serve.delete("raykv-bench-fork")
         services.shutdown()
+
+
+def engine_blocks(args: argparse.Namespace) -> int:
+    """Each replica's engine cache in blocks: ``ENGINE_BLOCKS``, or twice a fork's prompt."""
+    return max(ENGINE_BLOCKS, 2 * -(-(args.prefix_tokens + args.suffix_tokens + 1) // BLOCK))
 
 
 def _all_at_once(prompts: list[list[int]]) -> list[tuple[Usage, float] | BaseException]:
@@ -342,7 +376,8 @@ def format_result(result: ForkResult) -> str:
     head = (
         f"raykv bench fork: {result['forks']} requests at once sharing a new {result['prefix_tokens']}-token prefix "
         f"({result['cacheable_prefix_tokens']} in full blocks) + {result['suffix_tokens']} tokens of their own, "
-        f"{result['replicas']} replicas, {result['bursts']} bursts per configuration; model {result['model']}"
+        f"{result['replicas']} replicas, {result['bursts']} bursts per configuration; model {result['model']}; "
+        f"pending_max_wait_ms {result.get('pending_max_wait_ms', 'default')}"
     )
     body = table(
         ["config", "prefix computed (x one)", "per burst", "TTFT p50 ms", "TTFT p90 ms", "req/s"],

@@ -98,12 +98,14 @@ class RaykvConfig:
         "until its benchmark is in",
     )
     pending_max_wait_ms: float = opt(
-        5000.0,
+        30_000.0,
         kind=float,
         min=0.0,
         max=600_000.0,
         doc="longest a pending entry is listed, and so the longest a request waits for another engine's "
-        "blocks (a shorter wait when this engine's own compute time for them is measured); 0: never wait",
+        "blocks (a shorter wait when both engines' compute times are measured: an entry lives 2x its "
+        "announcer's estimate, and an engine that dies ends its entries at once); long enough for a long "
+        "prefix's prefill under load (a shorter cap recomputes it); 0: never wait",
     )
     holder_reconcile_s: float = opt(
         5.0,

@@ -78,3 +78,14 @@ def test_its_options_are_checked_before_a_cluster_starts() -> None:
         fork.run(parse(["bench", "fork", "--replicas", "1"]))
     with pytest.raises(ValueError, match="max_model_len"):
         fork.run(parse(["bench", "fork", "--prefix-tokens", "4000", "--suffix-tokens", "200"]))
+    with pytest.raises(ValueError, match="32768"):  # past even the long bench model's positions
+        fork.run(parse(["bench", "fork", "--model", "bench-long", "--prefix-tokens", "40000"]))
+    with pytest.raises(ValueError, match="--pending-max-wait-ms"):
+        fork.run(parse(["bench", "fork", "--pending-max-wait-ms", "-1"]))
+
+
+def test_engines_fit_twice_a_long_fork() -> None:
+    """A prefix past the default cache gets engines of twice a fork's prompt (the long model's)."""
+    assert fork.engine_blocks(_args(prefix_tokens=2048, suffix_tokens=32)) == fork.ENGINE_BLOCKS
+    long = fork.engine_blocks(_args(prefix_tokens=6144, suffix_tokens=32))
+    assert long * fork.BLOCK >= 2 * (6144 + 32) and long == 2 * 49
