@@ -288,15 +288,11 @@ class DirectoryBackedTier(SecondaryTier):
     def lookup_blocking(
         self, keys: Collection[OffloadKey], timeout: float = 10.0, req_context: ReqContext | None = None
     ) -> list[LookupResult]:
-        """Resolve ``keys`` now, for ``req_context``'s tenant (tools and tests; engines use ``lookup``).
-
-        A key that this process's answers or the node's view say nobody holds is asked
-        of the directory all the same: the view learns of another node's stores within
-        the replica lag, and a tool asks right after them (engines take that stale miss)."""
+        """Resolve ``keys`` now for ``req_context``'s tenant (tools, tests); unheld ones ask the directory."""
         scope = self.key_scope(req_context)
         scoped = [self.scope(validate_key(k), scope=scope) for k in keys]
         unheld = [k for k in scoped if not self._cache.get(k)]
-        self._cache.invalidate(unheld)  # (so the directory's answer is the one read next)
+        self._cache.invalidate(unheld)
         for k in unheld:
             self._cache.request(k)
         self._cache.wait(timeout)
