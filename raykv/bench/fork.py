@@ -155,10 +155,11 @@ def run(args: argparse.Namespace) -> ForkResult:
             f"--prefix-tokens + --suffix-tokens: under {positions} (the model's max_model_len; "
             "--model bench-long: 32768)"
         )
-    if args.pending_max_wait_ms is None:
-        args.pending_max_wait_ms = RaykvConfig().pending_max_wait_ms
-    elif not 0 <= args.pending_max_wait_ms <= 600_000:
-        raise ValueError(f"--pending-max-wait-ms: from 0 to 600000, got {args.pending_max_wait_ms}")
+    wait = {} if args.pending_max_wait_ms is None else {"pending_max_wait_ms": args.pending_max_wait_ms}
+    try:  # raykv's own default and bounds for the option
+        args.pending_max_wait_ms = RaykvConfig.from_dict(wait).pending_max_wait_ms
+    except ValueError as e:
+        raise ValueError(f"--pending-max-wait-ms: {e}") from None
     configs = names_option("--configs", args.configs, CONFIGS)
     require_vllm()
     model, model_name = resolve_model(args)
