@@ -166,6 +166,7 @@ class RequestRecord(TypedDict):
     """One answered request of the trace (``_drive``)."""
 
     session: int
+    turn: int
     replica: str | None  # the replica that computed it (None: not attributed)
     prompt_tokens: int
     cached_tokens: int
@@ -189,6 +190,9 @@ class RouterSummary(TypedDict):
     max_load_share: float
     requests_per_replica: list[int]
     unattributed_requests: int
+    #: each request in the order answered (which replica, what it found where): to see why a
+    #: router missed a hit the oracle counts
+    requests: list[RequestRecord]
     engine_nodes: NotRequired[int]
     router_ms_per_request: NotRequired[float | None]  # the raykv router's only
     router_stage_ms: NotRequired[dict[str, float]]
@@ -388,7 +392,7 @@ def _run_router(
         # hashing, the tokenizer) falls on the warm-up requests, counted before.
         before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
-        summary = _summary(results, oracle)
+        summary = _summary(results, oracle, args.replicas)
         summary["engine_nodes"] = len({e.node_id for e in engines})  # one replica per simulated node
         if before is not None:
             after = _router_totals()
@@ -626,7 +630,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                 session = queue.pop(0)
             if session.late:
                 half_done.wait()
-            for prompt, tokens in zip(session.turns, session.tokens):
+            for turn, (prompt, tokens) in enumerate(zip(session.turns, session.tokens)):
                 before = watch.leading(tokens)
                 try:
                     usage, seconds = complete(prompt)
@@ -642,6 +646,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                     results.append(
                         {
                             "session": session.index,
+                            "turn": turn,
                             "replica": by,
                             "prompt_tokens": usage.prompt_tokens,
                             "cached_tokens": cached,
@@ -667,14 +672,19 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
     return results
 
 
-def _summary(results: list[RequestRecord], oracle: int) -> RouterSummary:
+def _summary(results: list[RequestRecord], oracle: int, replicas: int = 0) -> RouterSummary:
+    """The figures of one router's ``results``; ``replicas`` the app had (those that served no
+    request count in the load figures as 0, so that a router that leaves one idle does not
+    look balanced)."""
     ttft = [r["ttft_ms"] for r in results]
     engine = sum(r["engine_hit_tokens"] for r in results)
     cached = sum(r["cached_tokens"] for r in results)
     prompt = sum(r["prompt_tokens"] for r in results)
     wall = max((r["at"] for r in results), default=0.0)
     per_replica = Counter(r["replica"] for r in results if r["replica"])
-    mean = sum(per_replica.values()) / len(per_replica) if per_replica else float("nan")
+    loads = sorted(per_replica.values(), reverse=True)
+    loads += [0] * (replicas - len(loads))
+    mean = sum(loads) / len(loads) if loads else float("nan")
     return {
         "engine_hit_tokens": engine,
         "raykv_hit_tokens": cached - engine,
@@ -684,9 +694,10 @@ def _summary(results: list[RequestRecord], oracle: int) -> RouterSummary:
         "ttft_p50_ms": percentile(ttft, 50),
         "ttft_p99_ms": percentile(ttft, 99),
         "requests_per_s": len(results) / wall if wall else float("nan"),
-        "max_load_share": max(per_replica.values()) / mean if per_replica else float("nan"),
-        "requests_per_replica": sorted(per_replica.values(), reverse=True),
+        "max_load_share": loads[0] / mean if per_replica else float("nan"),
+        "requests_per_replica": loads,
         "unattributed_requests": sum(1 for r in results if not r["replica"]),
+        "requests": results,
     }
 
 

@@ -90,7 +90,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         model: str | None = None,
         namespace: str = "raykv",
         tokenizer: str | None = None,
-        load_weight: float = 0.25,
+        load_weight: float = 0.1,
         max_load_share: float = 1.5,
         min_queue_gap: int = 2,
         lookup_timeout_s: float = 0.2,

@@ -212,10 +212,10 @@ class RankPolicy:
     ranked after all others, whatever it holds.
     """
 
-    load_weight: float = 0.25
+    load_weight: float = 0.1
     max_load_share: float = 1.5
     min_queue_gap: int = 2
-    ties: float = 0.5  # replicas within this many blocks of the best share the first rank
+    ties: float = 0.5  # replicas within this many blocks of the best share its rank (same engine blocks only)
 
 
 def rank(
@@ -252,7 +252,16 @@ def rank(
     ordered = sorted(matches, key=lambda r: (overloaded(r), cost(r), queues[r], spread.get(r, 0.0), chance[r]))
     ranks: list[list[Any]] = []
     for r in ordered:
-        if ranks and overloaded(r) == overloaded(ranks[-1][0]) and cost(r) - cost(ranks[-1][0]) <= policy.ties:
+        first = ranks[-1][0] if ranks else None
+        # Serve sends to the least loaded of a rank: replicas whose engines hold different
+        # blocks never share one, or the cost's load term would be counted twice and the
+        # engine hit lost to a queue shorter by one.
+        if (
+            first is not None
+            and overloaded(r) == overloaded(first)
+            and matches[r].engine == matches[first].engine
+            and cost(r) - cost(first) <= policy.ties
+        ):
             ranks[-1].append(r)
         else:
             ranks.append([r])

@@ -83,6 +83,7 @@ def test_report_shows_oracle_shares_and_drops() -> None:
         "max_load_share": 1.2,
         "requests_per_replica": [5, 4],
         "unattributed_requests": 0,
+        "requests": [],
     }
     per = {"default": r, "raykv": {"error": "TimeoutError: no app"}}
     result = {
@@ -133,3 +134,29 @@ def test_router_options_are_checked_numbers() -> None:
             routing.router_options(bad)
     args = _args("--router-option", "load_weight=0.1", "--router-option", "max_load_share=2")
     assert routing.router_options(args.router_option) == {"load_weight": 0.1, "max_load_share": 2.0}
+
+
+def _record(session: int, turn: int, replica: str | None) -> routing.RequestRecord:
+    return {
+        "session": session,
+        "turn": turn,
+        "replica": replica,
+        "prompt_tokens": 512,
+        "cached_tokens": 256 if turn else 0,
+        "engine_hit_tokens": 256 if turn else 0,
+        "ttft_ms": 100.0,
+        "at": 1.0 + turn,
+    }
+
+
+def test_a_replica_left_idle_counts_in_the_load_share() -> None:
+    """Seen in a run: prefix affinity sent 18 requests to each of two replicas and none to
+    the third; over the two it used, it looked perfectly balanced (1.00)."""
+    results = [_record(s, t, "ra" if s % 2 else "rb") for s in range(6) for t in range(3)]
+    three = routing._summary(results, oracle=2048, replicas=3)
+    assert three["requests_per_replica"] == [9, 9, 0]
+    assert three["max_load_share"] == pytest.approx(1.5)
+    assert routing._summary(results, oracle=2048, replicas=2)["max_load_share"] == pytest.approx(1.0)
+    # every request, in the order answered, with its session's turn
+    assert [(r["session"], r["turn"]) for r in three["requests"]] == [(s, t) for s in range(6) for t in range(3)]
+    assert three["engine_hit_tokens"] == 6 * 2 * 256

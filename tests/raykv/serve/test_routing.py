@@ -110,6 +110,20 @@ def test_rank_prefers_the_engine_hit_then_balances_load() -> None:
     assert ranks[0] == ["rb"] and ranks[-1] == ["ra"]
 
 
+def test_an_engine_hit_shares_no_rank_with_a_load_that_costs_nearly_as_much() -> None:
+    """A new session's first turn, whose system prompt (3 of 5 blocks) one engine holds with
+    a request queued, and raykv holds for an idle replica. The engine holder costs 0.2 blocks
+    less; had they shared a rank, Serve would have sent the request to the idle replica (the
+    least loaded of a rank), and the engine hit would have been lost."""
+    matches = {"ra": Match(engine=3, total=5), "rb": Match(raykv_local=3, total=5), "rc": Match(raykv_local=3, total=5)}
+    ranks = rank(matches, {"ra": 1, "rb": 1, "rc": 0}, RankPolicy(load_weight=0.2))
+    assert ranks[0] == ["ra"]
+    assert ranks[1:] == [["rc"], ["rb"]]
+    # replicas that would find the same blocks still share a rank when their costs are close
+    same = {"ra": Match(engine=3, total=5), "rb": Match(engine=3, total=5), "rc": Match(total=5)}
+    assert sorted(rank(same, {"ra": 1, "rb": 0, "rc": 0}, RankPolicy(load_weight=0.05))[0]) == ["ra", "rb"]
+
+
 def test_rank_spreads_fresh_prompts_by_the_work_already_sent() -> None:
     matches = {"ra": Match(total=4), "rb": Match(total=4)}
     (tied,) = rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 4.0, "rb": 0.0})
