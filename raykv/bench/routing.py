@@ -672,7 +672,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
     return results
 
 
-def _summary(results: list[RequestRecord], oracle: int, replicas: int = 0) -> RouterSummary:
+def _summary(results: list[RequestRecord], oracle: int, replicas: int) -> RouterSummary:
     """The figures of one router's ``results``; ``replicas`` the app had (those that served no
     request count in the load figures as 0, so that a router that leaves one idle does not
     look balanced)."""
