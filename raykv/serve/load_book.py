@@ -19,6 +19,10 @@ PENDING_PREDICTIONS = 10_000
 SOON_HELD_S = 10.0
 #: Most blocks ``RecentPrefixes`` remembers (oldest dropped first).
 SOON_HELD_KEYS = 200_000
+#: How long a decided request counts where it was ranked first, until Serve reports
+#: where it went (``ExpectedRoutes``): the report comes within milliseconds, or never
+#: (a request Serve gave up on, or Serve's rejection protocol off).
+EXPECTED_S = 2.0
 
 
 class InflightRequests(Generic[R]):
@@ -64,6 +68,40 @@ class InflightRequests(Generic[R]):
         return len(self._ended_early)
 
 
+class ExpectedRoutes(Generic[R]):
+    """Decided requests Serve has not reported routed yet, each counted where it was
+    ranked first (at most ``ttl_s``). Decisions made in the same few milliseconds
+    (a burst) would otherwise all see the same queues and pile onto one replica."""
+
+    def __init__(self, ttl_s: float = EXPECTED_S, max_pending: int = PENDING_PREDICTIONS) -> None:
+        self.ttl_s = ttl_s
+        self.max_pending = max_pending
+        self._where: OrderedDict[int, tuple[R, float]] = OrderedDict()
+
+    def expect(self, request: int, replica: R, now: float) -> None:
+        """``request`` was decided now and ranked ``replica`` first (a new decision of it replaces the last)."""
+        self._where.pop(request, None)
+        self._where[request] = (replica, now + self.ttl_s)
+        while len(self._where) > self.max_pending:
+            self._where.popitem(last=False)
+
+    def settled(self, request: int) -> None:
+        """Serve reported ``request`` routed, or it is being decided again."""
+        self._where.pop(request, None)
+
+    def counts(self, now: float) -> dict[R, int]:
+        """Per replica, the decided requests expected there and not reported yet."""
+        while self._where:  # oldest first: drop the expired ones
+            first = next(iter(self._where.values()))
+            if first[1] > now:
+                break
+            self._where.popitem(last=False)
+        out: dict[R, int] = {}
+        for replica, _ in self._where.values():
+            out[replica] = out.get(replica, 0) + 1
+        return out
+
+
 class PredictedWork(Generic[R]):
     """Blocks each replica was sent to compute: what spreads fresh prompts among
     replicas that would all compute them. A decision predicts, per replica, what
@@ -101,11 +139,24 @@ class RecentPrefixes(Generic[R]):
         self._pending: OrderedDict[int, list[bytes]] = OrderedDict()
         self._where: OrderedDict[bytes, tuple[R, float]] = OrderedDict()
 
-    def predict(self, request: int, keys: list[bytes]) -> None:
-        """The blocks (engine keys, prompt order) request ``request`` computes where it is routed."""
+    def predict(self, request: int, keys: list[bytes], expected: R | None = None, now: float = 0.0) -> None:
+        """The blocks (engine keys, prompt order) request ``request`` computes where it is
+        routed. With ``expected`` (the replica it was ranked first on), they count as held
+        there from now, for ``EXPECTED_S``, where no routed request has them: a burst
+        decided before Serve reports the first one routed follows it."""
         self._pending[request] = keys
         while len(self._pending) > PENDING_PREDICTIONS:
             self._pending.popitem(last=False)
+        if expected is None:
+            return
+        until = now + EXPECTED_S
+        for k in keys:
+            where = self._where.get(k)
+            if where is None or where[1] < now:
+                self._where[k] = (expected, until)
+                self._where.move_to_end(k)
+        while len(self._where) > self.max_keys:
+            self._where.popitem(last=False)
 
     def routed(self, request: int, replica: R, now: float) -> None:
         keys = self._pending.pop(request, None)
@@ -129,3 +180,47 @@ class RecentPrefixes(Generic[R]):
             replica = where[0]
             out[replica] = i + 1
         return out
+
+
+class RouterBook(Generic[R]):
+    """One router's books, fed by its decisions and Serve's hooks: requests in flight
+    per replica, requests decided and not reported routed yet, the new work each
+    replica was sent, and the prefixes it will hold soon."""
+
+    #: Decided requests count where they ranked first until Serve reports them routed,
+    #: unless this many decisions went by without one report (``on_request_routed`` is
+    #: not called without Serve's rejection protocol, as under Ray Client).
+    EXPECT_UNHEARD = 16
+
+    def __init__(self) -> None:
+        self.inflight: InflightRequests[R] = InflightRequests()
+        self.expected: ExpectedRoutes[R] = ExpectedRoutes()
+        self.work: PredictedWork[R] = PredictedWork()
+        self.recent: RecentPrefixes[R] = RecentPrefixes()
+        self.routed_heard = False  # whether Serve reported a request routed yet
+
+    def decided(
+        self, request: int, first: R, recompute: Mapping[R, int], keys: list[bytes], decisions: int, now: float
+    ) -> None:
+        """``request`` ranked ``first`` first; ``recompute``: the blocks it would compute on each
+        replica; ``keys``: its engine keys. Until Serve reports where it went, it counts on
+        ``first``: in its queue, and its prefix as held there soon."""
+        expected = first if self.routed_heard or decisions < self.EXPECT_UNHEARD else None
+        if expected is not None:
+            self.expected.expect(request, expected, now)
+        self.work.predict(request, recompute)
+        self.recent.predict(request, keys, expected, now)
+
+    def routed(self, request: int, request_id: str, replica: R, now: float) -> None:
+        """Serve's ``on_request_routed``: ``request`` (``request_id``: Serve's internal id) went to ``replica``."""
+        self.routed_heard = True
+        self.expected.settled(request)
+        self.work.routed(request, replica)
+        self.recent.routed(request, replica, now)
+        self.inflight.routed(request_id, replica)
+
+    def queues(self, replicas: Mapping[R, int | None], now: float) -> dict[R, int]:
+        """Each replica's queue: in flight (or Serve's figure, given per replica, when higher),
+        plus the requests decided for it not reported routed yet."""
+        expected = self.expected.counts(now)
+        return {r: max(int(serve or 0), self.inflight.count(r)) + expected.get(r, 0) for r, serve in replicas.items()}

@@ -43,7 +43,7 @@ from raykv.core.validate import ArgumentError
 from raykv.integrations.vllm.hashing import prepare_hashing
 from raykv.metrics.catalog import record
 from raykv.serve.layout_book import LayoutBook
-from raykv.serve.load_book import InflightRequests, PredictedWork, RecentPrefixes
+from raykv.serve.load_book import RecentPrefixes, RouterBook
 from raykv.serve.prompts import PromptTokenizer, prompt_of
 from raykv.serve.routing import (
     Candidate,
@@ -119,12 +119,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._tags: dict[str, str] = {"deployment": ""}
         self.decisions = 0
         self.fallbacks = 0
-        #: blocks each replica was sent to compute (what spreads fresh prompts)
-        self._work: PredictedWork[ReplicaID] = PredictedWork()
-        #: requests this router sent to each replica that have not ended
-        self._inflight: InflightRequests[ReplicaID] = InflightRequests()
-        #: blocks this router sent each replica to compute lately (held there soon)
-        self._recent: RecentPrefixes[ReplicaID] = RecentPrefixes()
+        #: what it sent where: in flight, decided, new work, prefixes held soon
+        self._sent: RouterBook[ReplicaID] = RouterBook()
         # The one-off set-up (importing vLLM's hashing, loading the tokenizer: seconds)
         # runs on a thread from the start, never on Serve's routing event loop.
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="raykv-router-prepare")
@@ -183,9 +179,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         protocol (strict ``max_ongoing_requests``, on except in Ray Client), on the
         router's event loop; without the protocol it is not called and the queue
         figure is Serve's alone (``queue_lens``)."""
-        self._work.routed(id(pending_request), replica_id)
-        self._recent.routed(id(pending_request), replica_id, time.monotonic())
-        self._inflight.routed(pending_request.metadata.internal_request_id, replica_id)
+        internal_id = pending_request.metadata.internal_request_id
+        self._sent.routed(id(pending_request), internal_id, replica_id, time.monotonic())
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """Serve's hook once a request sent to a replica ended (done, failed,
@@ -196,7 +191,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         was heard before its ``on_request_routed``) is remembered a while, so that a
         late ``on_request_routed`` of it counts nothing: the count may miss a
         request, never keep one that ended."""
-        self._inflight.completed(internal_request_id, replica_id)
+        self._sent.inflight.completed(internal_request_id, replica_id)
 
     # -- the decision ------------------------------------------------------------
     async def _rank(
@@ -204,6 +199,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     ) -> list[list[RunningReplica]] | None:
         if len(candidates) < 2:
             return None
+        if pending_request is not None:  # decided again (all full before): not queued twice
+            self._sent.expected.settled(id(pending_request))
         prompt, salt, tenant = prompt_of(pending_request)
         if prompt is None:
             return None
@@ -241,14 +238,15 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 return None
             found = await self._holders(services, keys)
             clock.lap("directory")
-            matches = _matches(found, spans, candidates, self._recent)
-        spread = {r: self._work.sent(r.replica_id) for r in candidates}
+            matches = _matches(found, spans, candidates, self._sent.recent)
+        spread = {r: self._sent.work.sent(r.replica_id) for r in candidates}
         ties = affinity(engine_keys[0], {r: _actor_hex(r) for r in candidates}) if engine_keys else None
         queues = self.queue_lens(candidates)
         ranks: list[list[RunningReplica]] = rank(matches, queues, self._policy, spread, ties)
         if pending_request is not None:
-            self._work.predict(id(pending_request), {r.replica_id: m.recompute for r, m in matches.items()})
-            self._recent.predict(id(pending_request), engine_keys)
+            computes = {r.replica_id: m.recompute for r, m in matches.items()}
+            first = ranks[0][0].replica_id
+            self._sent.decided(id(pending_request), first, computes, engine_keys, self.decisions, time.monotonic())
         best = matches[ranks[0][0]]
         block_tokens = layouts[0].tokens_per_hash
         for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):
@@ -287,18 +285,16 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     def queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
         """Each candidate's ongoing requests: what this router sent there and is not
         done (``on_request_routed`` .. ``on_request_completed``), or Serve's cached
-        figure when higher. No probe: Serve probes the replicas of the chosen rank
-        itself, and a probe per request to every replica is what made the first
-        version of this router slow under load.
+        figure when higher; plus the requests it decided to send there that Serve
+        has not reported routed yet (``ExpectedRoutes``). No probe: Serve probes the
+        replicas of the chosen rank itself, and a probe per request to every replica
+        is what made the first version of this router slow under load.
 
         Serve's figure is the public ``RequestRouter.replica_queue_len_cache``
         property's ``get(replica_id)`` (Ray 2.60): None when it has no fresh entry."""
         cache = self.replica_queue_len_cache
-        out = {}
-        for r in candidates:
-            cached = cache.get(r.replica_id)
-            out[r] = max(int(cached or 0), self._inflight.count(r.replica_id))
-        return out
+        queues = self._sent.queues({r.replica_id: cache.get(r.replica_id) for r in candidates}, time.monotonic())
+        return {r: queues[r.replica_id] for r in candidates}
 
     # -- what it needs once (or now and then) --------------------------------------
     def _prepare(self) -> None:

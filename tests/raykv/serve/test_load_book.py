@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raykv.serve.load_book import InflightRequests, PredictedWork, RecentPrefixes
+from raykv.serve.load_book import EXPECTED_S, ExpectedRoutes, InflightRequests, PredictedWork, RecentPrefixes
 
 
 def test_requests_count_while_in_flight_on_the_replica_they_were_routed_to() -> None:
@@ -62,3 +62,30 @@ def test_blocks_sent_to_a_replica_count_as_held_there_for_a_while() -> None:
     assert recent.leading(keys, now=11.0) == {}  # past its time: the directory knows by now
     recent.routed(3, "rc", now=0.0)  # a request never predicted: nothing recorded
     assert recent.leading(keys[2:], now=12.0) == {"rb": 4}
+
+
+def test_a_decided_request_counts_where_it_ranked_first_until_settled_or_expired() -> None:
+    expected: ExpectedRoutes[str] = ExpectedRoutes(ttl_s=2.0)
+    expected.expect(1, "a", now=0.0)
+    expected.expect(2, "a", now=0.5)
+    expected.expect(3, "b", now=1.0)
+    assert expected.counts(1.0) == {"a": 2, "b": 1}
+    expected.expect(2, "b", now=1.2)  # decided again: counts once, where it ranks now
+    assert expected.counts(1.2) == {"a": 1, "b": 2}
+    expected.settled(3)  # Serve reported it routed
+    assert expected.counts(1.2) == {"a": 1, "b": 1}
+    assert expected.counts(2.1) == {"b": 1}  # request 1's two seconds are over
+    assert expected.counts(3.3) == {}
+
+
+def test_a_decided_prefix_is_held_soon_where_it_ranked_first_unless_already_routed() -> None:
+    recent: RecentPrefixes[str] = RecentPrefixes(ttl_s=10.0)
+    recent.predict(1, [b"k1", b"k2"])
+    recent.routed(1, "a", now=0.0)
+    # decided, not routed yet: its new blocks count on "b" for EXPECTED_S; the routed ones stay "a"'s
+    recent.predict(2, [b"k1", b"k2", b"k3"], expected="b", now=1.0)
+    assert recent.leading([b"k1", b"k2", b"k3"], now=1.0) == {"a": 2}
+    assert recent.leading([b"k3"], now=1.0) == {"b": 1}
+    assert recent.leading([b"k3"], now=1.0 + EXPECTED_S + 0.1) == {}
+    recent.routed(2, "c", now=2.0)  # where it went: held there for the full ttl
+    assert recent.leading([b"k3"], now=2.0 + EXPECTED_S + 0.1) == {"c": 1}

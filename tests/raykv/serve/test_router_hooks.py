@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import itertools
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def test_router_state_does_not_overwrite_rays(tmp_path: Path) -> None:
         rays = set(vars(router))
         router.initialize_state(model="tiny", tokenizer=str(tmp_path))
         ours = set(vars(router)) - rays
-        assert {"_inflight", "_work", "_tags"} <= ours
+        assert {"_sent", "_tags"} <= ours
         tree = ast.parse(ROUTER_PY.read_text())
         assigned = {
             n.attr
@@ -213,7 +214,7 @@ def test_a_request_that_ended_before_its_routing_hook_is_never_counted(tmp_path:
         # Bounded memory of such completions.
         for i in range(load_book.EARLY_COMPLETIONS + 10):
             router.on_request_completed(a.replica_id, f"rejected-{i}")
-        assert router._inflight.remembered_early == load_book.EARLY_COMPLETIONS
+        assert router._sent.inflight.remembered_early == load_book.EARLY_COMPLETIONS
 
     asyncio.run(main())
 
@@ -289,13 +290,25 @@ def test_a_burst_sharing_a_new_prefix_goes_where_it_is_being_computed(tmp_path: 
 
     async def main() -> None:
         a, b, c = FakeReplica("a", "n1"), FakeReplica("b", "n2"), FakeReplica("c", "n3")
+        identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
+        # Concurrent decisions (none reported routed yet) for one new prefix follow the
+        # first as if it were routed where it ranked first: the second goes there too; the
+        # third, with two queued there and none elsewhere, goes elsewhere (it waits for the
+        # first's copy there). Sequential decisions do the same (below).
+        burst = _router(tmp_path, [a, b, c], load_weight=0.5)
+        await _probed(burst, [a, b, c])
+        done = _request()  # Serve reports routes (this one also ended)
+        burst.on_request_routed(done, a.replica_id, None)
+        burst.on_request_completed(a.replica_id, done.metadata.internal_request_id)
+        burst._book.services = FakeServices({tag.hex(): identity}, {})
+        pending = [_request(tokens) for _ in range(3)]  # alive until routed, as in Serve
+        firsts = [(await burst.choose_replicas([a, b, c], r))[0] for r in pending]
+        x = firsts[0][0]
+        assert firsts[1] == [x]
+        assert x not in firsts[2]
         router = _router(tmp_path, [a, b, c], load_weight=0.5)
         await _probed(router, [a, b, c])
-        identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
         router._book.services = FakeServices({tag.hex(): identity}, {})
-        # concurrent decisions (none routed yet) for one new prefix agree on the replica
-        firsts = [(await router.choose_replicas([a, b, c], _request(tokens)))[0] for _ in range(3)]
-        assert firsts[0] == firsts[1] == firsts[2]
         # once one is routed, the next ones go there too: the prefix is held there soon,
         # although that replica was given the most new work
         first = _request(tokens)
@@ -309,5 +322,52 @@ def test_a_burst_sharing_a_new_prefix_goes_where_it_is_being_computed(tmp_path: 
         on_c = HolderInfo("pending:n3:1", "pending", PENDING, "raykv-pending-c", "raykv", "n3", c.actor_id.hex())
         router._book.services = FakeServices({tag.hex(): identity}, {pending_key(k): [on_c] for k in other_tier})
         assert (await router.choose_replicas([a, b, c], _request(other)))[0] == [c]
+
+    asyncio.run(main())
+
+
+def test_concurrent_decisions_count_the_requests_decided_before_them(tmp_path: Path) -> None:
+    """Requests decided before Serve reports any of them routed (a burst) count in the
+    queue of the replica each ranked first: fresh turns that share only a system prompt
+    every engine holds spread over the replicas instead of all going to the one their
+    shared first block prefers. Serve's report settles each; an unreported one counts
+    only ``EXPECTED_S``."""
+    pytest.importorskip("vllm")
+    tag, block = bytes(range(8)), 4
+    system = list(range(7000, 7000 + 2 * block))
+    prompts = [system + list(range(100 * i, 100 * i + 3 * block)) for i in range(3)]
+    layout = EngineLayout(tag, block)
+
+    async def main() -> None:
+        a, b, c = FakeReplica("a", "n1"), FakeReplica("b", "n2"), FakeReplica("c", "n3")
+        router = _router(tmp_path, [a, b, c])
+        await _probed(router, [a, b, c])
+        engines = [
+            HolderInfo(
+                f"engine:{r.node_id}:{n}", "engine", ENGINE, f"raykv-engine-{n}", "raykv", r.node_id, r.actor_id.hex()
+            )
+            for r, n in ((a, "a"), (b, "b"), (c, "c"))
+        ]
+        held, _ = request_keys(block_hashes(system, block), layout)
+        identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
+        router._book.services = FakeServices({tag.hex(): identity}, {k: engines for k in held})
+        done = _request()  # Serve reports routes (this one also ended)
+        router.on_request_routed(done, a.replica_id, None)
+        router.on_request_completed(a.replica_id, done.metadata.internal_request_id)
+        requests = [_request(p) for p in prompts]
+        firsts = [(await router.choose_replicas([a, b, c], r))[0][0] for r in requests]
+        assert len({r.replica_id for r in firsts}) == 3, [r.replica_id.unique_id for r in firsts]
+        assert router.queue_lens([a, b, c]) == {a: 1, b: 1, c: 1}
+        # Serve reports where each went: counted in flight there instead, not twice
+        for r, replica in zip(requests, firsts):
+            router.on_request_routed(r, replica.replica_id, None)
+        assert router.queue_lens([a, b, c]) == {a: 1, b: 1, c: 1}
+        for r, replica in zip(requests, firsts):
+            router.on_request_completed(replica.replica_id, r.metadata.internal_request_id)
+        assert router.queue_lens([a, b, c]) == {a: 0, b: 0, c: 0}
+        # a decided request never reported routed counts only a while
+        await router.choose_replicas([a, b, c], _request(prompts[0]))
+        assert sum(router.queue_lens([a, b, c]).values()) == 1
+        assert router._sent.expected.counts(time.monotonic() + load_book.EXPECTED_S + 0.1) == {}
 
     asyncio.run(main())
