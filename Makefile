@@ -17,7 +17,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-vllm test-unstable test-serve test-e2e test-soak lint test-vllm-matrix install clean
+.PHONY: demo test test-vllm test-serve test-e2e test-soak lint test-vllm-matrix install clean
 
 install: $(STAMP)
 
@@ -60,11 +60,7 @@ test: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e and not vllm_engine" $(PYTEST_ARGS)
 
 test-vllm: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "vllm_engine and not serve and not e2e and not unstable" $(PYTEST_ARGS)
-
-# Real-engine tests known to fail intermittently (each says why in its docstring); not in CI.
-test-unstable: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m unstable $(PYTEST_ARGS)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "vllm_engine and not serve and not e2e" $(PYTEST_ARGS)
 
 test-serve: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m serve $(PYTEST_ARGS) tests/raykv/serve tests/raykv/ops/test_warm_serve.py

@@ -81,14 +81,13 @@ def _meet_while_a_computes(services, a, node_a: str, prompt: list[int], **kw) ->
     return on_a
 
 
-@pytest.mark.unstable
 def test_a_replica_waits_for_the_prefix_another_is_computing(two_replicas) -> None:
     """B, sent while A computes the prompt, waits and loads every full block from raykv.
 
-    Unstable: run alone (``make test-unstable``) it passed 10 of 10 runs on 2026-11-27
-    (after de9ccc8, and with the short-compute rule reverted), but inside ``make test-vllm``,
-    after the other real-engine tests, it failed both times CI ran it there: B computed the
-    prompt (0 cached tokens) without waiting. Cause not found; kept out of CI until it is."""
+    Back in CI (``make test-vllm``) since 2026-11-29: it failed there twice on 2026-11-27
+    (B computed the prompt without waiting), before node views followed every key (B's
+    view now lists A's pending entries without a lookup call); it passed in the whole
+    ``make test-vllm`` run twice on 2026-11-29, once right after ``make test``."""
     a, b, services, nodes = two_replicas
     prompt = make_prompt_tokens(PROMPT_LEN, 41)
     on_a = _meet_while_a_computes(services, a, nodes[0], prompt)
