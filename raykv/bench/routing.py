@@ -172,6 +172,7 @@ class RequestRecord(TypedDict):
     cached_tokens: int
     engine_hit_tokens: int  # of the cached tokens, those from the serving engine's own cache
     ttft_ms: float
+    sent: NotRequired[float]  # seconds since the trace started, when it was sent
     at: float  # seconds since the trace started, when it answered
 
 
@@ -392,6 +393,7 @@ def _run_router(
         # hashing, the tokenizer) falls on the warm-up requests, counted before.
         before = _router_totals() if name == "raykv" else None
         results = _drive(sessions, args.concurrency, watch, progress)
+        credit_same_engine(results, sessions)
         summary = _summary(results, oracle, args.replicas)
         summary["engine_nodes"] = len({e.node_id for e in engines})  # one replica per simulated node
         if before is not None:
@@ -613,6 +615,37 @@ def _warm_up(replicas: int) -> None:
         raise RuntimeError(f"the app failed warm-up requests: {failures[0]!r}")
 
 
+def leading_blocks_shared(a: list[int], b: list[int]) -> int:
+    """Full blocks (``BLOCK`` tokens) ``a`` and ``b`` begin with alike."""
+    n = 0
+    while (n + 1) * BLOCK <= min(len(a), len(b)) and a[n * BLOCK : (n + 1) * BLOCK] == b[n * BLOCK : (n + 1) * BLOCK]:
+        n += 1
+    return n
+
+
+def credit_same_engine(results: list[RequestRecord], sessions: list[Session]) -> None:
+    """Count as engine-cache hits the cached blocks a request shares with one its replica
+    answered before it, sent earlier. ``_drive`` reads each engine's holdings from the
+    directory just before it sends, and an engine's KV events reach the directory a
+    little later: two requests sharing a new system prompt, sent a few milliseconds
+    apart to one replica, showed the second's hit on the first's blocks as a raykv load.
+    (Engine evictions in between are not known here; the engine cache holds the trace's
+    working set.) Never more than the request's cached tokens."""
+    tokens = {(s.index, t): toks for s in sessions for t, toks in enumerate(s.tokens)}
+    for r in results:
+        if not r["replica"] or r["cached_tokens"] <= r["engine_hit_tokens"] or "sent" not in r:
+            continue
+        answered = r["sent"] + r["ttft_ms"] / 1000
+        mine = tokens[(r["session"], r["turn"])]
+        shared = 0
+        for p in results:
+            if p is r or p["replica"] != r["replica"] or p.get("sent", answered) >= r["sent"]:
+                continue
+            if p["sent"] + p["ttft_ms"] / 1000 < answered:
+                shared = max(shared, leading_blocks_shared(mine, tokens[(p["session"], p["turn"])]))
+        r["engine_hit_tokens"] = min(r["cached_tokens"], max(r["engine_hit_tokens"], shared * BLOCK))
+
+
 def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Progress) -> list[RequestRecord]:
     """Run the sessions, ``concurrency`` at a time (late ones once half the requests are done)."""
     total = sum(len(s.turns) for s in sessions)
@@ -632,6 +665,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                 half_done.wait()
             for turn, (prompt, tokens) in enumerate(zip(session.turns, session.tokens)):
                 before = watch.leading(tokens)
+                sent = time.perf_counter()
                 try:
                     usage, seconds = complete(prompt)
                 except Exception:  # noqa: BLE001 - counted; the session goes on
@@ -652,6 +686,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                             "cached_tokens": cached,
                             "engine_hit_tokens": engine_hit,
                             "ttft_ms": seconds * 1000,
+                            "sent": sent,
                             "at": time.perf_counter(),
                         }
                     )
@@ -667,6 +702,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
         t.join()
     for r in results:
         r["at"] -= t0
+        r["sent"] = r.get("sent", t0) - t0
     if failed:
         raise RuntimeError(f"{len(failed)} of {total} requests failed or timed out")
     return results

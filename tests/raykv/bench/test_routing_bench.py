@@ -160,3 +160,48 @@ def test_a_replica_left_idle_counts_in_the_load_share() -> None:
     # every request, in the order answered, with its session's turn
     assert [(r["session"], r["turn"]) for r in three["requests"]] == [(s, t) for s in range(6) for t in range(3)]
     assert three["engine_hit_tokens"] == 6 * 2 * 256
+
+
+def _sent(
+    session: int, turn: int, replica: str, cached: int, engine: int, sent: float, ttft_ms: float
+) -> routing.RequestRecord:
+    return {
+        "session": session,
+        "turn": turn,
+        "replica": replica,
+        "prompt_tokens": 0,
+        "cached_tokens": cached,
+        "engine_hit_tokens": engine,
+        "ttft_ms": ttft_ms,
+        "sent": sent,
+        "at": sent + ttft_ms / 1000,
+    }
+
+
+def test_a_hit_on_blocks_an_earlier_request_left_in_the_same_engine_counts_as_the_engines(sessions) -> None:
+    """Sessions 0 and 3 share tenant 0's 3-block system prompt. Sent 60 ms apart to one
+    replica, the second's 384 cached tokens were counted as raykv's: the directory did
+    not list the first's blocks yet when the bench read it, before sending."""
+    by_index = {s.index: s for s in sessions}
+    system = routing.leading_blocks_shared(by_index[0].tokens[0], by_index[3].tokens[0])
+    assert system == 3
+    assert routing.leading_blocks_shared(by_index[0].tokens[0], by_index[1].tokens[0]) == 0  # other tenant
+    results = [
+        _sent(0, 0, "C", cached=0, engine=0, sent=0.04, ttft_ms=1100),
+        _sent(3, 0, "C", cached=384, engine=0, sent=0.10, ttft_ms=1620),  # after s0 on C
+        _sent(6, 0, "B", cached=384, engine=0, sent=0.12, ttft_ms=900),  # tenant 0 on another replica: raykv's
+        _sent(0, 1, "A", cached=640, engine=0, sent=1.5, ttft_ms=500),  # s0's history, on another replica
+        _sent(1, 0, "C", cached=0, engine=0, sent=0.0, ttft_ms=2000),  # another tenant: shares nothing
+    ]
+    routing.credit_same_engine(results, sessions)
+    assert [r["engine_hit_tokens"] for r in results] == [0, 384, 0, 0, 0]
+    # never more than what was cached, nor from a request answered after it
+    late = [
+        _sent(0, 0, "C", cached=0, engine=0, sent=0.04, ttft_ms=3000),
+        _sent(3, 0, "C", cached=256, engine=0, sent=0.10, ttft_ms=1000),
+    ]
+    routing.credit_same_engine(late, sessions)
+    assert late[1]["engine_hit_tokens"] == 0
+    late[0]["ttft_ms"] = 500
+    routing.credit_same_engine(late, sessions)
+    assert late[1]["engine_hit_tokens"] == 256
