@@ -171,6 +171,8 @@ class RequestRecord(TypedDict):
     prompt_tokens: int
     cached_tokens: int
     engine_hit_tokens: int  # of the cached tokens, those from the serving engine's own cache
+    #: the same as the directory listed the engine's blocks before sending (``credit_same_engine``)
+    engine_hit_tokens_listed: NotRequired[int]
     ttft_ms: float
     sent: NotRequired[float]  # seconds since the trace started, when it was sent
     at: float  # seconds since the trace started, when it answered
@@ -623,27 +625,43 @@ def leading_blocks_shared(a: list[int], b: list[int]) -> int:
     return n
 
 
+#: How long after a request answered its engine's KV events may still be on their way to
+#: the directory (``credit_same_engine``); the directory's own answer is trusted past it.
+EVENT_LAG_S = 2.0
+
+
 def credit_same_engine(results: list[RequestRecord], sessions: list[Session]) -> None:
-    """Count as engine-cache hits the cached blocks a request shares with one its replica
-    answered before it, sent earlier. ``_drive`` reads each engine's holdings from the
-    directory just before it sends, and an engine's KV events reach the directory a
-    little later: two requests sharing a new system prompt, sent a few milliseconds
-    apart to one replica, showed the second's hit on the first's blocks as a raykv load.
-    (Engine evictions in between are not known here; the engine cache holds the trace's
-    working set.) Never more than the request's cached tokens."""
+    """Count as engine-cache hits the cached blocks only the serving engine could have had.
+
+    ``_drive`` reads each engine's holdings from the directory just before it sends, and
+    an engine's KV events reach the directory a little later: two first turns sharing a
+    new system prompt, sent together to one replica, showed the second's hit on the
+    first's blocks (computed a chunk earlier) as a raykv load. So a request's cached
+    blocks it shares with another request on its replica (sent before it answered, and
+    answered at most ``EVENT_LAG_S`` before it was sent) are the engine's when more were
+    cached than any other replica's requests answered before it could have put in raykv
+    (vLLM takes its own cache's blocks first). Never more than its cached tokens."""
     tokens = {(s.index, t): toks for s in sessions for t, toks in enumerate(s.tokens)}
+
+    def answered(r: RequestRecord) -> float:
+        return r.get("sent", 0.0) + r["ttft_ms"] / 1000
+
     for r in results:
         if not r["replica"] or r["cached_tokens"] <= r["engine_hit_tokens"] or "sent" not in r:
             continue
-        answered = r["sent"] + r["ttft_ms"] / 1000
-        mine = tokens[(r["session"], r["turn"])]
-        shared = 0
+        mine, end = tokens[(r["session"], r["turn"])], answered(r)
+        same = other = 0
         for p in results:
-            if p is r or p["replica"] != r["replica"] or p.get("sent", answered) >= r["sent"]:
+            if p is r or "sent" not in p:
                 continue
-            if p["sent"] + p["ttft_ms"] / 1000 < answered:
-                shared = max(shared, leading_blocks_shared(mine, tokens[(p["session"], p["turn"])]))
-        r["engine_hit_tokens"] = min(r["cached_tokens"], max(r["engine_hit_tokens"], shared * BLOCK))
+            shared = leading_blocks_shared(mine, tokens[(p["session"], p["turn"])])
+            if p["replica"] != r["replica"]:
+                if answered(p) < end:
+                    other = max(other, shared)
+            elif p["sent"] < end and answered(p) > r["sent"] - EVENT_LAG_S:
+                same = max(same, shared)
+        if same > other and r["cached_tokens"] > other * BLOCK:
+            r["engine_hit_tokens"] = min(r["cached_tokens"], max(r["engine_hit_tokens"], same * BLOCK))
 
 
 def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Progress) -> list[RequestRecord]:
@@ -685,6 +703,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
                             "prompt_tokens": usage.prompt_tokens,
                             "cached_tokens": cached,
                             "engine_hit_tokens": engine_hit,
+                            "engine_hit_tokens_listed": engine_hit,
                             "ttft_ms": seconds * 1000,
                             "sent": sent,
                             "at": time.perf_counter(),

@@ -178,30 +178,39 @@ def _sent(
     }
 
 
-def test_a_hit_on_blocks_an_earlier_request_left_in_the_same_engine_counts_as_the_engines(sessions) -> None:
-    """Sessions 0 and 3 share tenant 0's 3-block system prompt. Sent 60 ms apart to one
+def test_a_hit_only_its_own_engine_could_have_served_counts_as_the_engines(sessions) -> None:
+    """Sessions 0 and 3 share tenant 0's 3-block system prompt. Sent together to one
     replica, the second's 384 cached tokens were counted as raykv's: the directory did
     not list the first's blocks yet when the bench read it, before sending."""
     by_index = {s.index: s for s in sessions}
-    system = routing.leading_blocks_shared(by_index[0].tokens[0], by_index[3].tokens[0])
-    assert system == 3
+    assert routing.leading_blocks_shared(by_index[0].tokens[0], by_index[3].tokens[0]) == 3
     assert routing.leading_blocks_shared(by_index[0].tokens[0], by_index[1].tokens[0]) == 0  # other tenant
     results = [
-        _sent(0, 0, "C", cached=0, engine=0, sent=0.04, ttft_ms=1100),
-        _sent(3, 0, "C", cached=384, engine=0, sent=0.10, ttft_ms=1620),  # after s0 on C
-        _sent(6, 0, "B", cached=384, engine=0, sent=0.12, ttft_ms=900),  # tenant 0 on another replica: raykv's
+        _sent(0, 0, "C", cached=0, engine=0, sent=0.01, ttft_ms=1280),
+        _sent(3, 0, "C", cached=384, engine=0, sent=0.01, ttft_ms=1270),  # a chunk after s0's on C
+        _sent(6, 0, "B", cached=384, engine=0, sent=1.0, ttft_ms=900),  # tenant 0 on another replica: raykv's
         _sent(0, 1, "A", cached=640, engine=0, sent=1.5, ttft_ms=500),  # s0's history, on another replica
         _sent(1, 0, "C", cached=0, engine=0, sent=0.0, ttft_ms=2000),  # another tenant: shares nothing
     ]
     routing.credit_same_engine(results, sessions)
     assert [r["engine_hit_tokens"] for r in results] == [0, 384, 0, 0, 0]
-    # never more than what was cached, nor from a request answered after it
-    late = [
-        _sent(0, 0, "C", cached=0, engine=0, sent=0.04, ttft_ms=3000),
-        _sent(3, 0, "C", cached=256, engine=0, sent=0.10, ttft_ms=1000),
+    # Another replica's copy of the same blocks could have been in raykv before it answered:
+    # the directory's reading stands.
+    raced = [
+        _sent(0, 0, "C", cached=0, engine=0, sent=0.01, ttft_ms=1280),
+        _sent(6, 0, "B", cached=0, engine=0, sent=0.0, ttft_ms=600),
+        _sent(3, 0, "C", cached=384, engine=0, sent=0.3, ttft_ms=1000),
     ]
-    routing.credit_same_engine(late, sessions)
-    assert late[1]["engine_hit_tokens"] == 0
-    late[0]["ttft_ms"] = 500
-    routing.credit_same_engine(late, sessions)
-    assert late[1]["engine_hit_tokens"] == 256
+    routing.credit_same_engine(raced, sessions)
+    assert raced[2]["engine_hit_tokens"] == 0
+    # Answered well before it was sent: the directory listed those blocks by then (or the
+    # engine evicted them), so the directory's reading stands; and never more than cached.
+    old = [
+        _sent(0, 0, "C", cached=0, engine=0, sent=0.0, ttft_ms=500),
+        _sent(3, 0, "C", cached=384, engine=0, sent=0.5 + routing.EVENT_LAG_S + 0.1, ttft_ms=500),
+    ]
+    routing.credit_same_engine(old, sessions)
+    assert old[1]["engine_hit_tokens"] == 0
+    old[1]["sent"], old[1]["cached_tokens"] = 1.0, 256
+    routing.credit_same_engine(old, sessions)
+    assert old[1]["engine_hit_tokens"] == 256
