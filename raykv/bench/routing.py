@@ -631,16 +631,19 @@ EVENT_LAG_S = 2.0
 
 
 def credit_same_engine(results: list[RequestRecord], sessions: list[Session]) -> None:
-    """Count as engine-cache hits the cached blocks only the serving engine could have had.
+    """Count as engine-cache hits the cached blocks its serving engine had.
 
     ``_drive`` reads each engine's holdings from the directory just before it sends, and
-    an engine's KV events reach the directory a little later: two first turns sharing a
-    new system prompt, sent together to one replica, showed the second's hit on the
-    first's blocks (computed a chunk earlier) as a raykv load. So a request's cached
-    blocks it shares with another request on its replica (sent before it answered, and
-    answered at most ``EVENT_LAG_S`` before it was sent) are the engine's when more were
-    cached than any other replica's requests answered before it could have put in raykv
-    (vLLM takes its own cache's blocks first). Never more than its cached tokens."""
+    an engine's KV events reach the directory a little later: a first turn sent 10 ms
+    after another of its tenant answered on the same replica, or sent together with one
+    that got the replica's first chunk computed before it, showed its hit on those blocks
+    as a raykv load. So a request's cached blocks it shares with another request on its
+    replica are the engine's (vLLM takes its own cache's blocks first) when that request
+    answered before this one was sent (at most ``EVENT_LAG_S`` before: past that the
+    directory's reading stands); or, when it was still computing then, if more were
+    cached than any other replica's request answered before this one could have put in
+    raykv. Never more than the request's cached tokens. (Blocks the engine evicted within
+    those seconds would count as its hits: the shared blocks are its most recent.)"""
     tokens = {(s.index, t): toks for s in sessions for t, toks in enumerate(s.tokens)}
 
     def answered(r: RequestRecord) -> float:
@@ -649,8 +652,8 @@ def credit_same_engine(results: list[RequestRecord], sessions: list[Session]) ->
     for r in results:
         if not r["replica"] or r["cached_tokens"] <= r["engine_hit_tokens"] or "sent" not in r:
             continue
-        mine, end = tokens[(r["session"], r["turn"])], answered(r)
-        same = other = 0
+        mine, sent, end = tokens[(r["session"], r["turn"])], r["sent"], answered(r)
+        done = live = other = 0
         for p in results:
             if p is r or "sent" not in p:
                 continue
@@ -658,10 +661,14 @@ def credit_same_engine(results: list[RequestRecord], sessions: list[Session]) ->
             if p["replica"] != r["replica"]:
                 if answered(p) < end:
                     other = max(other, shared)
-            elif p["sent"] < end and answered(p) > r["sent"] - EVENT_LAG_S:
-                same = max(same, shared)
-        if same > other and r["cached_tokens"] > other * BLOCK:
-            r["engine_hit_tokens"] = min(r["cached_tokens"], max(r["engine_hit_tokens"], same * BLOCK))
+            elif sent - EVENT_LAG_S < answered(p) <= sent:
+                done = max(done, shared)
+            elif p["sent"] < end and answered(p) > sent:
+                live = max(live, shared)
+        blocks = done
+        if live > other and r["cached_tokens"] > other * BLOCK:
+            blocks = max(blocks, live)
+        r["engine_hit_tokens"] = min(r["cached_tokens"], max(r["engine_hit_tokens"], blocks * BLOCK))
 
 
 def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progress: Progress) -> list[RequestRecord]:

@@ -203,6 +203,11 @@ def test_a_hit_only_its_own_engine_could_have_served_counts_as_the_engines(sessi
     ]
     routing.credit_same_engine(raced, sessions)
     assert raced[2]["engine_hit_tokens"] == 0
+    # Unless the same engine had them before it was sent (answered 10 ms before: its events
+    # were not in the directory yet): the engine's cache comes first.
+    raced[0]["ttft_ms"] = 280
+    routing.credit_same_engine(raced, sessions)
+    assert raced[2]["engine_hit_tokens"] == 384
     # Answered well before it was sent: the directory listed those blocks by then (or the
     # engine evicted them), so the directory's reading stands; and never more than cached.
     old = [
