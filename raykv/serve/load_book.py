@@ -220,7 +220,9 @@ class RouterBook(Generic[R]):
         self.inflight.routed(request_id, replica)
 
     def queues(self, replicas: Mapping[R, int | None], now: float) -> dict[R, int]:
-        """Each replica's queue: in flight (or Serve's figure, given per replica, when higher),
-        plus the requests decided for it not reported routed yet."""
+        """Each replica's queue: in flight plus the requests decided for it and not reported
+        routed yet, or Serve's figure (given per replica) when higher. Serve counts a request
+        from when it sends it, before the replica accepts it (``on_request_routed``): adding
+        the decided ones to Serve's figure would count those twice."""
         expected = self.expected.counts(now)
-        return {r: max(int(serve or 0), self.inflight.count(r)) + expected.get(r, 0) for r, serve in replicas.items()}
+        return {r: max(int(serve or 0), self.inflight.count(r) + expected.get(r, 0)) for r, serve in replicas.items()}

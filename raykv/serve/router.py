@@ -181,6 +181,7 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         figure is Serve's alone (``queue_lens``)."""
         internal_id = pending_request.metadata.internal_request_id
         self._sent.routed(id(pending_request), internal_id, replica_id, time.monotonic())
+        logger.debug("raykv router: %s routed to %s", internal_id, replica_id.unique_id)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         """Serve's hook once a request sent to a replica ended (done, failed,
@@ -247,6 +248,8 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             computes = {r.replica_id: m.recompute for r, m in matches.items()}
             first = ranks[0][0].replica_id
             self._sent.decided(id(pending_request), first, computes, engine_keys, self.decisions, time.monotonic())
+            if logger.isEnabledFor(logging.DEBUG):
+                _log_decision(pending_request.metadata.internal_request_id, ranks, matches, queues)
         best = matches[ranks[0][0]]
         block_tokens = layouts[0].tokens_per_hash
         for source, blocks in (("engine", best.engine), ("raykv", best.raykv)):
@@ -284,9 +287,9 @@ class RaykvRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
 
     def queue_lens(self, candidates: Sequence[RunningReplica]) -> dict[RunningReplica, int]:
         """Each candidate's ongoing requests: what this router sent there and is not
-        done (``on_request_routed`` .. ``on_request_completed``), or Serve's cached
-        figure when higher; plus the requests it decided to send there that Serve
-        has not reported routed yet (``ExpectedRoutes``). No probe: Serve probes the
+        done (``on_request_routed`` .. ``on_request_completed``) plus those it decided
+        to send there that Serve has not reported routed yet (``ExpectedRoutes``), or
+        Serve's cached figure when higher. No probe: Serve probes the
         replicas of the chosen rank itself, and a probe per request to every replica
         is what made the first version of this router slow under load.
 
@@ -360,6 +363,21 @@ def _matches(
             if r not in matches or m.saved > matches[r].saved:
                 matches[r] = m
     return matches
+
+
+def _log_decision(
+    request_id: str,
+    ranks: list[list[RunningReplica]],
+    matches: dict[RunningReplica, Match],
+    queues: dict[RunningReplica, int],
+) -> None:
+    logger.debug(
+        "raykv router: %s ranks %s (engine/raykv/recompute blocks %s, queues %s)",
+        request_id,
+        [[r.replica_id.unique_id for r in group] for group in ranks],
+        {r.replica_id.unique_id: (m.engine, m.raykv, m.recompute) for r, m in matches.items()},
+        {r.replica_id.unique_id: q for r, q in queues.items()},
+    )
 
 
 def _actor_hex(replica: RunningReplica) -> str:

@@ -355,7 +355,13 @@ def test_concurrent_decisions_count_the_requests_decided_before_them(tmp_path: P
         router.on_request_routed(done, a.replica_id, None)
         router.on_request_completed(a.replica_id, done.metadata.internal_request_id)
         requests = [_request(p) for p in prompts]
-        firsts = [(await router.choose_replicas([a, b, c], r))[0][0] for r in requests]
+        firsts = []
+        for r in requests:
+            firsts.append((await router.choose_replicas([a, b, c], r))[0][0])
+            # Serve counts a request in its queue-length cache once it sends it, before the
+            # replica accepts it: counted once, not as sent and as decided
+            router.on_send_request(firsts[-1].replica_id)
+            assert router.queue_lens([firsts[-1]]) == {firsts[-1]: 1}
         assert len({r.replica_id for r in firsts}) == 3, [r.replica_id.unique_id for r in firsts]
         assert router.queue_lens([a, b, c]) == {a: 1, b: 1, c: 1}
         # Serve reports where each went: counted in flight there instead, not twice
@@ -364,6 +370,7 @@ def test_concurrent_decisions_count_the_requests_decided_before_them(tmp_path: P
         assert router.queue_lens([a, b, c]) == {a: 1, b: 1, c: 1}
         for r, replica in zip(requests, firsts):
             router.on_request_completed(replica.replica_id, r.metadata.internal_request_id)
+            router.decrement_queue_len_cache(replica.replica_id)  # as Serve does when it ends
         assert router.queue_lens([a, b, c]) == {a: 0, b: 0, c: 0}
         # a decided request never reported routed counts only a while
         await router.choose_replicas([a, b, c], _request(prompts[0]))
