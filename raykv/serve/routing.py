@@ -255,11 +255,14 @@ def rank(
         first = ranks[-1][0] if ranks else None
         # Serve sends to the least loaded of a rank: replicas whose engines hold different
         # blocks never share one, or the cost's load term would be counted twice and the
-        # engine hit lost to a queue shorter by one.
+        # engine hit lost to a queue shorter by one. Nor do replicas with different queues:
+        # Serve reads its queue-length cache, which lacks the requests decided and not sent
+        # yet, and prefers a replica it has a figure for to an idle one whose figure expired.
         if (
             first is not None
             and overloaded(r) == overloaded(first)
             and matches[r].engine == matches[first].engine
+            and queues[r] == queues[first]
             and cost(r) - cost(first) <= policy.ties
         ):
             ranks[-1].append(r)
