@@ -215,7 +215,7 @@ class RankPolicy:
     load_weight: float = 0.1
     max_load_share: float = 1.5
     min_queue_gap: int = 2
-    ties: float = 0.5  # replicas within this many blocks of the best share its rank (same engine blocks only)
+    ties: float = 0.5  # replicas within this many blocks of the best share its rank (same engine blocks and queue)
 
 
 def rank(
