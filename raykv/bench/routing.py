@@ -728,7 +728,7 @@ def _drive(sessions: list[Session], concurrency: int, watch: EngineWatch, progre
         t.join()
     for r in results:
         r["at"] -= t0
-        r["sent"] = r.get("sent", t0) - t0
+        r["sent"] -= t0
     if failed:
         raise RuntimeError(f"{len(failed)} of {total} requests failed or timed out")
     return results

@@ -88,6 +88,13 @@ def _router(tmp_path: Path, replicas: list[FakeReplica], **init: Any) -> RaykvRe
     return router
 
 
+def _one_request_served(router: RaykvRequestRouter, replica: FakeReplica) -> None:
+    """Serve reports a request routed to ``replica``, then ended: it makes these reports."""
+    done = _request()
+    router.on_request_routed(done, replica.replica_id, None)
+    router.on_request_completed(replica.replica_id, done.metadata.internal_request_id)
+
+
 async def _probed(router: RaykvRequestRouter, replicas: list[FakeReplica]) -> None:
     """Until Serve's first probe of the new replicas filled its queue cache."""
     for _ in range(200):
@@ -297,9 +304,7 @@ def test_a_burst_sharing_a_new_prefix_goes_where_it_is_being_computed(tmp_path: 
         # first's copy there). Sequential decisions do the same (below).
         burst = _router(tmp_path, [a, b, c], load_weight=0.5)
         await _probed(burst, [a, b, c])
-        done = _request()  # Serve reports routes (this one also ended)
-        burst.on_request_routed(done, a.replica_id, None)
-        burst.on_request_completed(a.replica_id, done.metadata.internal_request_id)
+        _one_request_served(burst, a)
         burst._book.services = FakeServices({tag.hex(): identity}, {})
         pending = [_request(tokens) for _ in range(3)]  # alive until routed, as in Serve
         firsts = [(await burst.choose_replicas([a, b, c], r))[0] for r in pending]
@@ -351,9 +356,7 @@ def test_concurrent_decisions_count_the_requests_decided_before_them(tmp_path: P
         held, _ = request_keys(block_hashes(system, block), layout)
         identity = KVIdentity(model="tiny", layout={"tokens_per_hash": block, "rank": 0})
         router._book.services = FakeServices({tag.hex(): identity}, {k: engines for k in held})
-        done = _request()  # Serve reports routes (this one also ended)
-        router.on_request_routed(done, a.replica_id, None)
-        router.on_request_completed(a.replica_id, done.metadata.internal_request_id)
+        _one_request_served(router, a)
         requests = [_request(p) for p in prompts]
         firsts = []
         for r in requests:
