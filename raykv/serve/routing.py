@@ -215,7 +215,6 @@ class RankPolicy:
     load_weight: float = 0.1
     max_load_share: float = 1.5
     min_queue_gap: int = 2
-    ties: float = 0.5  # replicas within this many blocks of the best share its rank (same engine blocks and queue)
 
 
 def rank(
@@ -225,11 +224,12 @@ def rank(
     spread: Mapping[Any, float] | None = None,
     ties: Mapping[Any, float] | None = None,
 ) -> list[list[Any]]:
-    """Replicas best first, grouped in ranks (Serve picks the least loaded of a
-    rank, the first one on a tie). Within equal cost and queue, the replica
-    given the least new work so far (``spread``: blocks it was sent to
-    compute) comes first, then ``ties`` (``affinity``; default chance): fresh
-    prompts spread over the replicas."""
+    """Replicas best first, one per rank: the router's own total order.
+
+    Within equal cost and queue, the replica given the least new work so far
+    (``spread``: blocks it was sent to compute) comes first, then ``ties``
+    (``affinity``; default chance): fresh prompts spread over the replicas.
+    Serve tries the ranks in turn and takes a rank's replica unless it is full."""
     policy = policy or RankPolicy()
     if not matches:
         return []
@@ -250,22 +250,9 @@ def rank(
     ties = ties or {}
     chance = {r: ties[r] if r in ties else random.random() for r in matches}
     ordered = sorted(matches, key=lambda r: (overloaded(r), cost(r), queues[r], spread.get(r, 0.0), chance[r]))
-    ranks: list[list[Any]] = []
-    for r in ordered:
-        first = ranks[-1][0] if ranks else None
-        # Serve sends to the least loaded of a rank: replicas whose engines hold different
-        # blocks never share one, or the cost's load term would be counted twice and the
-        # engine hit lost to a queue shorter by one. Nor do replicas with different queues:
-        # Serve reads its queue-length cache, which lacks the requests decided and not sent
-        # yet, and prefers a replica it has a figure for to an idle one whose figure expired.
-        if (
-            first is not None
-            and overloaded(r) == overloaded(first)
-            and matches[r].engine == matches[first].engine
-            and queues[r] == queues[first]
-            and cost(r) - cost(first) <= policy.ties
-        ):
-            ranks[-1].append(r)
-        else:
-            ranks.append([r])
-    return ranks
+    # No two replicas share a rank: Serve sends to the least loaded of a rank by its own
+    # queue-length cache, which lacks the requests this router decided and Serve has not
+    # sent yet (``ExpectedRoutes``), and prefers a replica it has a figure for to an idle
+    # one whose figure expired. Its pick would then differ from the replica this decision
+    # counts on, and a burst's second request would compute the prefix a second time.
+    return [[r] for r in ordered]

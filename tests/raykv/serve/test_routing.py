@@ -119,18 +119,32 @@ def test_an_engine_hit_shares_no_rank_with_a_load_that_costs_nearly_as_much() ->
     ranks = rank(matches, {"ra": 1, "rb": 1, "rc": 0}, RankPolicy(load_weight=0.2))
     assert ranks[0] == ["ra"]
     assert ranks[1:] == [["rc"], ["rb"]]
-    # replicas that would find the same blocks still share a rank when their costs are close
-    # and their queues equal; a queue longer by one (Serve's cache may not know it yet) does not
+    # replicas that would find the same blocks share no rank either: Serve would pick one by its
+    # own queue cache, not the one this decision counts on; a queue longer by one goes after
     same = {"ra": Match(engine=3, total=5), "rb": Match(engine=3, total=5), "rc": Match(total=5)}
-    assert sorted(rank(same, {"ra": 0, "rb": 0, "rc": 0}, RankPolicy(load_weight=0.05))[0]) == ["ra", "rb"]
+    ranks = rank(same, {"ra": 0, "rb": 0, "rc": 0}, RankPolicy(load_weight=0.05))
+    assert sorted(ranks[0] + ranks[1]) == ["ra", "rb"] and ranks[2] == ["rc"]
     assert rank(same, {"ra": 1, "rb": 0, "rc": 0}, RankPolicy(load_weight=0.05))[:2] == [["rb"], ["ra"]]
+
+
+def test_every_rank_holds_one_replica() -> None:
+    """Serve takes the least loaded of a rank by its own queue-length cache, which lacks the
+    requests this router decided and Serve has not sent yet: a rank of several would let it
+    send elsewhere than where the decision counted the request (and its prefix)."""
+    idle = {r: Match(total=4) for r in ("ra", "rb", "rc")}
+    ranks = rank(idle, {"ra": 0, "rb": 0, "rc": 0})
+    assert all(len(one) == 1 for one in ranks) and sorted(r for (r,) in ranks) == ["ra", "rb", "rc"]
+    # within an exact tie of cost and queue: the least new work sent first, then the affinity
+    ranks = rank(idle, {}, spread={"ra": 8.0, "rb": 0.0, "rc": 4.0})
+    assert ranks == [["rb"], ["rc"], ["ra"]]
+    ranks = rank(idle, {}, ties={"ra": 0.9, "rb": 0.5, "rc": 0.1})
+    assert ranks == [["rc"], ["rb"], ["ra"]]
 
 
 def test_rank_spreads_fresh_prompts_by_the_work_already_sent() -> None:
     matches = {"ra": Match(total=4), "rb": Match(total=4)}
-    (tied,) = rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 4.0, "rb": 0.0})
-    assert tied == ["rb", "ra"]  # one rank; Serve takes the first of equal queues
-    assert sorted(rank(matches, {})[0]) == ["ra", "rb"]
+    assert rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 4.0, "rb": 0.0}) == [["rb"], ["ra"]]
+    assert rank(matches, {"ra": 0, "rb": 0}, spread={"ra": 0.0, "rb": 4.0}) == [["ra"], ["rb"]]
 
 
 def _pending(owner: str, node: str) -> HolderInfo:
@@ -168,8 +182,9 @@ def test_replicas_that_tie_on_a_new_prefix_are_ordered_by_its_first_block() -> N
     firsts = set()
     for i in range(30):
         key = bytes([i]) * 16
-        order = rank(matches, {}, ties=affinity(key, ids))[0]
-        assert order == rank(matches, {}, ties=affinity(key, dict(ids)))[0]  # the same every time
+        order = rank(matches, {}, ties=affinity(key, ids))
+        assert order == rank(matches, {}, ties=affinity(key, dict(ids)))  # the same every time
+        order = [r for (r,) in order]
         firsts.add(order[0])
     assert firsts == set(ids)
 
