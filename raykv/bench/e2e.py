@@ -353,7 +353,23 @@ def _lookups_then_probe(replicas: list[ActorHandle]) -> AfterTrace:
             totals[k] = totals.get(k, 0.0) + v
     if rtts:
         totals["rtt_ms"] = sum(rtts) / len(rtts)
+    totals.update(_step_cost(ray.get([r.raykv_step_cost.remote() for r in replicas], timeout=120)))
     return AfterTrace(lookups=totals, probe=_prefix_probe(replicas))
+
+
+def _step_cost(per_replica: list[dict[str, float | None]]) -> dict[str, float]:
+    """raykv's time on the engines' scheduler threads over the trace (``raykv.metrics.step_cost``):
+    steps, ms per step (mean over all steps; p99: the highest replica's bucket bound), polls per step."""
+    steps = sum(c.get("steps") or 0.0 for c in per_replica)
+    if not steps:
+        return {}
+    p99 = [c["step_seconds_p99"] for c in per_replica if c.get("step_seconds_p99") is not None]
+    return {
+        "steps": steps,
+        "step_ms_mean": 1000 * sum(c.get("tier_seconds") or 0.0 for c in per_replica) / steps,
+        "step_ms_p99": 1000 * max(p for p in p99 if p is not None) if p99 else float("nan"),
+        "polls_per_step": sum(c.get("polls") or 0.0 for c in per_replica) / steps,
+    }
 
 
 def _prefix_probe(replicas: list[ActorHandle], rounds: int = 7, same_replica: bool = False) -> Report:
@@ -554,6 +570,13 @@ def format_result(r: Report) -> str:
             f"{number(counts.get('retries')) or 0:.0f} RETRY (answered a step later); directory round trip "
             f"{num(counts.get('rtt_ms')):.1f} ms (mean over replicas, smoothed)"
         )
+        if counts.get("steps"):
+            out.append(
+                f"{name} on the engines' scheduler threads: {num(counts.get('step_ms_mean')):.2f} ms per step "
+                f"(mean of {number(counts.get('steps')) or 0:.0f} steps; "
+                f"p99 <= {num(counts.get('step_ms_p99')):.1f} ms), "
+                f"{num(counts.get('polls_per_step')):.2f} polls per step"
+            )
     speed = section(r.get("hit_speedup"))
     if speed.get("requests"):
         out.append(

@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import ray
 from ray.actor import ActorHandle
 
 from raykv.core.keys import bytes_and_length, checked_keys, shard_of
+from raykv.core.outcomes import CallOutcome, wait_all
 from raykv.core.placement import PrefixHit, holder_codes, prefix_from_codes
 from raykv.core.validate import ArgumentError, timeout_arg
 from raykv.core.wire import HolderInfo, LookupReply
@@ -59,6 +61,14 @@ def fingerprints_and_shards(
     return fps, ids
 
 
+def _value(outcome: CallOutcome) -> LookupReply:
+    """A finished shard call's reply, or its error raised (as ``ray.get`` would)."""
+    _, value, error = outcome.poll()
+    if error is not None:
+        raise error
+    return cast(LookupReply, value)
+
+
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
@@ -66,26 +76,29 @@ class PendingLookup:
         self.keys = keys
         self.parts = parts
         self.sent_at = time.monotonic()
+        self._outcomes: list[CallOutcome] | None = None  # from the first ``done``
 
     def done(self) -> bool:
-        refs = [ref for _, ref in self.parts]
         COUNTS.polls += 1
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-        return len(ready) == len(refs)
+        return self.wait(0.0)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block at most ``timeout_s`` for every shard's reply; whether they all came."""
+        if self._outcomes is None:
+            self._outcomes = [CallOutcome(ref) for _, ref in self.parts]
+        return wait_all(self._outcomes, timeout_s)
 
     def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """Holders of each key (empty list: nobody). Keys with the same holders
         share one list: treat the lists as read-only."""
+        if self._outcomes is not None and all(o.finished for o in self._outcomes):
+            return self.decode([_value(o) for o in self._outcomes])  # ``done`` said so: no ray.get
         return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
 
     async def result_async(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """``result`` awaited on an event loop (holder actors): never blocks it."""
         replies = await asyncio.wait_for(asyncio.gather(*(ref for _, ref in self.parts)), timeout)
         return self.decode(replies)
-
-    def refs(self) -> list[ray.ObjectRef[LookupReply]]:
-        """The in-flight shard calls."""
-        return [ref for _, ref in self.parts]
 
     def _codes(self, replies: Sequence[LookupReply]) -> tuple[np.ndarray, np.ndarray]:
         if len(self.parts) == 1 and len(self.parts[0][0]) == len(self.keys):
@@ -426,15 +439,14 @@ class LookupCache:
             logger.warning("directory lookup failed to send: %r", e)
             self._answer(unknown, [[] for _ in unknown])
             return True
-        refs = pending.refs()
         t0 = time.perf_counter_ns()
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=True)
+        came = pending.wait(timeout_s)
         if timeout_s > 0:
             COUNTS.waits += 1
             COUNTS.wait_ns += time.perf_counter_ns() - t0
         else:
             COUNTS.polls += 1
-        if len(ready) == len(refs):
+        if came:
             if timeout_s > 0:
                 self.round_trips.observe(time.monotonic() - pending.sent_at)
             try:

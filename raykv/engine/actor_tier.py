@@ -36,10 +36,11 @@ from raykv.core.handles import HolderHandle
 from raykv.core.identity import KVIdentity
 from raykv.core.jobs import JobTracker, MeteredJobTracker
 from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, pending_key, validate_key
+from raykv.core.outcomes import CallOutcome
 from raykv.core.tenants import TenantSharing
 from raykv.core.wire import HolderInfo, HolderReady, LoadAnswer, StoreAnswer
 from raykv.engine.pending import ComputeOnce, PendingBook, pending_book, request_blocks
-from raykv.engine.polling import ActorLiveness, HoldingsFeed, poll_ref
+from raykv.engine.polling import ActorLiveness, HoldingsFeed
 from raykv.metrics.recorders import TierMetrics
 from raykv.metrics.step_cost import COUNTS
 from raykv.services.cluster import RaykvServices, attach
@@ -319,6 +320,7 @@ class _InFlight:
     job: TransferJob
     keys: list[bytes]
     deadline: float  # monotonic
+    outcome: CallOutcome
 
 
 class ActorCallTier(DirectoryBackedTier):
@@ -351,7 +353,7 @@ class ActorCallTier(DirectoryBackedTier):
     ) -> None:
         super().__init__(primary_kv_view, tier_type, namespace, services, identity)
         self._calls_lock = threading.Lock()
-        self._inflight: dict[ray.ObjectRef[object], _InFlight] = {}
+        self._inflight: list[_InFlight] = []
         self._closed = False
 
     def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: StoreAnswer | LoadAnswer) -> None:
@@ -395,38 +397,37 @@ class ActorCallTier(DirectoryBackedTier):
             if not keys:
                 self.jobs.succeed(job, transfer_bytes=0)
                 return
-            ref = call(keys, chunks)
+            entry = _InFlight(kind, job, keys, time.monotonic() + self.job_timeout_s, CallOutcome(call(keys, chunks)))
             with self._calls_lock:
-                self._inflight[ref] = _InFlight(kind, job, keys, time.monotonic() + self.job_timeout_s)
+                self._inflight.append(entry)
         except Exception as e:  # a job must end in a result, whatever happens
             self.jobs.fail(job, f"{self.tier_type} {kind} not submitted: {e!r}")
 
     def poll_jobs(self) -> None:
         if not self._closed and self.liveness is not None:
             self.liveness.poll()
+        now = time.monotonic()
         with self._calls_lock:
             if not self._inflight:
                 return
-            refs = list(self._inflight)
-        COUNTS.polls += 1
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=True)
-        now = time.monotonic()
-        ready_set = set(ready)
-        finished: list[tuple[ray.ObjectRef[object] | None, _InFlight]] = []
-        with self._calls_lock:
-            for ref in refs:
-                if ref in ready_set or now > self._inflight[ref].deadline:
-                    finished.append((ref if ref in ready_set else None, self._inflight.pop(ref)))
-        for answered, entry in finished:
-            self._finish(answered, entry)
+            COUNTS.polls += 1
+            finished: list[_InFlight] = []
+            waiting: list[_InFlight] = []
+            for e in self._inflight:  # one read of each outcome: it may end meanwhile
+                (finished if e.outcome.finished or now > e.deadline else waiting).append(e)
+            if not finished:
+                return
+            self._inflight = waiting
+        for entry in finished:
+            self._finish(entry)
 
-    def _finish(self, ref: ray.ObjectRef[object] | None, entry: _InFlight) -> None:
+    def _finish(self, entry: _InFlight) -> None:
         job, kind = entry.job, entry.kind
         expected = StoreAnswer if kind == "store" else LoadAnswer
-        if ref is None:
+        done, answer, exc = entry.outcome.poll()
+        if not done:
             error = f"{self.tier_type} {kind} timed out after {self.job_timeout_s}s"
         else:
-            done, answer, exc = poll_ref(ref)
             if exc is None and isinstance(answer, expected):
                 self.finish_job(kind, job, entry.keys, answer)
                 return
@@ -453,8 +454,7 @@ class ActorCallTier(DirectoryBackedTier):
         self.leave_planner()
         self.poll_jobs()
         with self._calls_lock:
-            left = list(self._inflight.values())
-            self._inflight.clear()
+            left, self._inflight = self._inflight, []
         for entry in left:
             self.jobs.fail(entry.job, f"{self.tier_type} tier shut down")
         if self.liveness is not None:

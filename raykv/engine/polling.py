@@ -11,23 +11,11 @@ import ray
 from raykv.core.contract import TierEvent
 from raykv.core.handles import HolderHandle, WatchableHandle
 from raykv.core.keys import OffloadKey
+from raykv.core.outcomes import CallOutcome
 from raykv.core.wire import HoldingsPage
 from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
-
-
-def poll_ref(ref: ray.ObjectRef[object]) -> tuple[bool, object, BaseException | None]:
-    """An actor call's outcome if it has one, without waiting: ``(done, value, error)``
-    (the caller checks that ``value`` is the message it expects)."""
-    COUNTS.polls += 1
-    ready, _ = ray.wait([ref], timeout=0)
-    if not ready:
-        return False, None, None
-    try:
-        return True, ray.get(ref, timeout=0), None
-    except Exception as e:
-        return True, None, e
 
 
 class ActorLiveness:
@@ -38,21 +26,14 @@ class ActorLiveness:
     it (``max_restarts``), and a new watch starts.
     """
 
-    #: How often a live actor's watch is polled. The engine polls once per
-    #: step per tier; a ``ray.wait`` on the watch each time was 3% of a
-    #: decoding engine thread's samples (py-spy, issue 21). A death is also
-    #: seen at once by any call to the actor that fails (``mark_dead``).
-    WATCH_POLL_S = 0.05
-
     def __init__(self, actor: WatchableHandle, what: str, ping_period_s: float = 1.0) -> None:
         self.actor = actor
         self.what = what  # for logs: "object store actor of node ..."
         self.ping_period_s = ping_period_s
         self.alive = True
-        self._watch = actor.raykv_watch.remote()
-        self._ping: ray.ObjectRef[object] | None = None
+        self._watch = CallOutcome(actor.raykv_watch.remote())
+        self._ping: CallOutcome | None = None
         self._next_ping = 0.0
-        self._next_watch_poll = 0.0
 
     def mark_dead(self, reason: str) -> None:
         """Record a death seen elsewhere (e.g. a call that raised ``RayActorError``)."""
@@ -63,15 +44,13 @@ class ActorLiveness:
     def poll(self) -> None:
         """Update ``alive`` from the watch and, while dead, the pings."""
         if self.alive:
-            now = time.monotonic()
-            if now < self._next_watch_poll:
-                return
-            self._next_watch_poll = now + self.WATCH_POLL_S
-            if poll_ref(self._watch)[0]:
+            COUNTS.polls += 1
+            if self._watch.finished:
                 self.mark_dead("watch ended")
             return
         if self._ping is not None:
-            done, _, error = poll_ref(self._ping)
+            COUNTS.polls += 1
+            done, _, error = self._ping.poll()
             if not done:
                 return
             self._ping = None
@@ -79,19 +58,19 @@ class ActorLiveness:
                 return
             self.alive = True  # restarted: it rebuilt its state and re-registered
             self.close()  # in case it was only unreachable and the old watch lives
-            self._watch = self.actor.raykv_watch.remote()
+            self._watch = CallOutcome(self.actor.raykv_watch.remote())
             logger.info("%s is back", self.what)
         elif time.monotonic() >= self._next_ping:
             self._next_ping = time.monotonic() + self.ping_period_s
             try:
-                self._ping = self.actor.raykv_ping.remote()
+                self._ping = CallOutcome(self.actor.raykv_ping.remote())
             except Exception:
                 self._ping = None
 
     def close(self) -> None:
         """Cancel the watch call (it would otherwise hold an actor slot forever)."""
         try:
-            ray.cancel(self._watch)
+            ray.cancel(self._watch.ref)
         except Exception:
             pass
 
@@ -108,14 +87,15 @@ class HoldingsFeed:
         self.actor = actor
         self.tag = tag
         self._since: int | None = None  # None: ask for a snapshot
-        self._call: ray.ObjectRef[object] | None = None
+        self._call: CallOutcome | None = None
         self._pending: list[TierEvent] = []
         self._keys = 0
         self._strip = len(tag)
 
     def poll(self) -> None:
         if self._call is not None:
-            done, out, error = poll_ref(self._call)
+            COUNTS.polls += 1
+            done, out, error = self._call.poll()
             if not done:
                 return
             self._call = None
@@ -129,7 +109,7 @@ class HoldingsFeed:
                 return
             self._absorb(out)
         try:
-            self._call = self.actor.events_since.remote(self._since, self.tag)
+            self._call = CallOutcome(self.actor.events_since.remote(self._since, self.tag))
         except Exception as e:
             logger.debug("holdings feed not sent: %r", e)
 

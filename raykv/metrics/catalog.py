@@ -130,7 +130,8 @@ _SPECS = (
     MetricSpec(
         "raykv_engine_polls",
         COUNTER,
-        "non-blocking ray.wait polls made by raykv's tiers in the engine process (jobs, liveness, directory answers)",
+        "non-blocking checks of in-flight actor calls by raykv's tiers in the engine process "
+        "(jobs, liveness, directory answers)",
         ("node",),
     ),
     MetricSpec(

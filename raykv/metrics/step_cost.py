@@ -13,8 +13,9 @@ An engine integration (the vLLM tier adapters, ``raykv.integrations.vllm.tiers``
 - calls ``request_finished`` once per request with the request's context:
   the RETRY answers it got (``ReqContext.retries``, counted by the tiers).
 
-Polls (``ray.wait`` calls of the engine-side paths: job and liveness polls,
-directory answers) and lookup waits (``lookup_wait_ms``) are counted
+Polls (checks of in-flight actor calls on the engine-side paths: job and
+liveness polls, directory answers; reads of ``raykv.core.outcomes.CallOutcome``,
+no ``ray.wait``) and lookup waits (``lookup_wait_ms``) are counted
 process-wide in ``COUNTS`` by the code that makes them; each step takes the
 growth since the step before. Two engines stepping in one process (tests
 only; deployments run one engine per process) would share those counts.
@@ -48,7 +49,7 @@ class Counts:
     __slots__ = ("polls", "waits", "wait_ns")
 
     def __init__(self) -> None:
-        self.polls = 0  # ray.wait calls that do not wait (timeout=0)
+        self.polls = 0  # checks of in-flight calls that do not wait
         self.waits = 0  # ray.wait calls that may wait (a request's first lookup, lookup_wait_ms)
         self.wait_ns = 0  # time spent in those
 

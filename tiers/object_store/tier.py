@@ -4,7 +4,7 @@ Runs in the engine's scheduler process and never blocks it: a store or load
 job is one actor call (``.remote()``) to this node's ``ObjectStoreActor``,
 carrying keys, chunk ids and the primary region's ``RegionHandle`` (never
 block bytes: the actor maps the region itself). ``poll_jobs`` turns finished
-calls into exactly one ``JobResult`` each with ``ray.wait(timeout=0)``; a
+calls into exactly one ``JobResult`` each (``raykv.core.outcomes``: no ``ray.wait``); a
 dead actor, an exception or a job past ``job_timeout_s`` becomes a failed
 result, and a load where some keys were missing or evicted reports the keys
 that did load.

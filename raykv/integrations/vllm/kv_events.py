@@ -31,6 +31,7 @@ from ray.actor import ActorClass, ActorHandle
 
 from raykv.core.naming import OWNER_ENV
 from raykv.core.node import process_node_id, ray_session
+from raykv.core.outcomes import CallOutcome
 from raykv.holders import engine_cache
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class EngineEventsBridge:
         stored: dict[bytes, None] = {}
         removed: set[bytes] = set()
         cleared = False
-        inflight: ray.ObjectRef[int] | None = None
+        inflight: CallOutcome | None = None
         session = ray_session()
         try:
             while not self._stop.is_set():
@@ -158,17 +159,15 @@ class EngineEventsBridge:
                             continue
                         cleared = self._fold(batch.events, stored, removed) or cleared
                 if inflight is not None:
-                    done, _ = ray.wait([inflight], timeout=0)
+                    done, _, error = inflight.poll()
                     if not done:
                         continue
-                    try:
-                        ray.get(done[0])
-                    except Exception as e:  # noqa: BLE001 - the engine serves on; the directory just lags
+                    if error is not None:  # the engine serves on; the directory just lags
                         self.errors += 1
-                        logger.warning("raykv: engine cache actor call failed: %s", e)
+                        logger.warning("raykv: engine cache actor call failed: %s", error)
                     inflight = None
                 if stored or removed or cleared:
-                    inflight = self.actor.apply.remote(list(stored), list(removed), cleared, self._loads())
+                    inflight = CallOutcome(self.actor.apply.remote(list(stored), list(removed), cleared, self._loads()))
                     self.batches += 1
                     stored, removed, cleared = {}, set(), False
         finally:

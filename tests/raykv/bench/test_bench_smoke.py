@@ -133,6 +133,10 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     assert floor["probe_to_engine_hit"] == pytest.approx(
         probes["raykv"]["raykv_ttft_p50_ms"] / probes["engine_hit"]["raykv_ttft_p50_ms"]
     )
+    # raykv's time on the engines' scheduler threads over the trace (raykv.metrics.step_cost)
+    cost = out["raykv_lookups"]["raykv"]
+    assert cost["steps"] > 0 and 0 < cost["step_ms_mean"] < 50, cost
+    assert cost["step_ms_p99"] >= cost["step_ms_mean"] * 0.5 and cost["polls_per_step"] > 0, cost
     names = [t["target"] for t in out["targets"]]
     assert "1k-prefix probe TTFT raykv / engine_hit floor" in names
     for t in out["targets"]:

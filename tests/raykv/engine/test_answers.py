@@ -14,6 +14,7 @@ import ray
 from raykv.core.contract import ReqContext, TransferJob
 from raykv.core.errors import RaykvError
 from raykv.core.jobs import JobTracker
+from raykv.core.outcomes import CallOutcome, wait_all
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, LoadAnswer, StoreAnswer
 from raykv.engine.actor_tier import ActorCallTier, DirectoryBackedTier, _InFlight
 from raykv.engine.polling import HoldingsFeed
@@ -92,9 +93,9 @@ def test_an_answer_of_another_type_fails_the_job(ray_local, kind: str) -> None:
     job = _job(1, [b"k1xxx"], kind == "load")
     tier.jobs.begin(job)
     wrong = {"bytes": 4096} if kind == "store" else StoreAnswer(bytes=4096)  # an old dict; the other kind
-    ref = ray.put(wrong)
-    ray.wait([ref])
-    tier._finish(ref, _InFlight(kind, job, keys, 0.0))
+    outcome = CallOutcome(ray.put(wrong))
+    assert wait_all([outcome], 30)
+    tier._finish(_InFlight(kind, job, keys, 0.0, outcome))
     (result,) = tier.jobs.take()
     assert not result.success and f"{kind} failed: the actor answered a {type(wrong).__name__}" in (result.error or "")
     assert tier._cache.stored == []
@@ -122,7 +123,7 @@ def _feed(pages: list[object]) -> HoldingsFeed:
 
 def _settle(feed: HoldingsFeed) -> None:
     if feed._call is not None:
-        ray.wait([feed._call])
+        assert wait_all([feed._call], 30)
     feed.poll()
 
 
