@@ -363,11 +363,11 @@ def _step_cost(per_replica: list[dict[str, float | None]]) -> dict[str, float]:
     steps = sum(c.get("steps") or 0.0 for c in per_replica)
     if not steps:
         return {}
-    p99 = [c["step_seconds_p99"] for c in per_replica if c.get("step_seconds_p99") is not None]
+    p99 = [p for c in per_replica if (p := c.get("step_seconds_p99")) is not None]
     return {
         "steps": steps,
         "step_ms_mean": 1000 * sum(c.get("tier_seconds") or 0.0 for c in per_replica) / steps,
-        "step_ms_p99": 1000 * max(p for p in p99 if p is not None) if p99 else float("nan"),
+        "step_ms_p99": 1000 * max(p99) if p99 else float("nan"),
         "polls_per_step": sum(c.get("polls") or 0.0 for c in per_replica) / steps,
     }
 

@@ -36,6 +36,10 @@ class CallOutcome:
             return True, None, error
         return True, self._future.result(), None
 
+    def value(self) -> Any:
+        """A finished call's value, or its error raised (as ``ray.get`` would)."""
+        return self._future.result(timeout=0)
+
 
 def wait_all(outcomes: list[CallOutcome], timeout_s: float) -> bool:
     """Block at most ``timeout_s`` for every call of ``outcomes`` to end; whether they all did."""

@@ -14,7 +14,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import cast
 
 import numpy as np
 import ray
@@ -61,14 +60,6 @@ def fingerprints_and_shards(
     return fps, ids
 
 
-def _value(outcome: CallOutcome) -> LookupReply:
-    """A finished shard call's reply, or its error raised (as ``ray.get`` would)."""
-    _, value, error = outcome.poll()
-    if error is not None:
-        raise error
-    return cast(LookupReply, value)
-
-
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
@@ -92,7 +83,7 @@ class PendingLookup:
         """Holders of each key (empty list: nobody). Keys with the same holders
         share one list: treat the lists as read-only."""
         if self._outcomes is not None and all(o.finished for o in self._outcomes):
-            return self.decode([_value(o) for o in self._outcomes])  # ``done`` said so: no ray.get
+            return self.decode([o.value() for o in self._outcomes])  # ``done`` said so: no ray.get
         return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
 
     async def result_async(self, timeout: float | None = None) -> list[list[HolderInfo]]:

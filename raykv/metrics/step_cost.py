@@ -50,7 +50,7 @@ class Counts:
 
     def __init__(self) -> None:
         self.polls = 0  # checks of in-flight calls that do not wait
-        self.waits = 0  # ray.wait calls that may wait (a request's first lookup, lookup_wait_ms)
+        self.waits = 0  # waits for a call's outcome that may block (a request's first lookup, lookup_wait_ms)
         self.wait_ns = 0  # time spent in those
 
 

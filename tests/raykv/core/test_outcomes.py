@@ -35,12 +35,15 @@ def test_values_errors_and_deaths_arrive_without_a_wait(ray_local: None) -> None
     value = CallOutcome(actor.echo.remote(7))
     _until_finished(value)
     assert value.poll() == (True, 7, None)
+    assert value.value() == 7
 
     failed = CallOutcome(actor.fail.remote())
     _until_finished(failed)
     done, got, error = failed.poll()
     assert done and got is None
     assert isinstance(error, ValueError) and "refused" in str(error)
+    with pytest.raises(ValueError, match="refused"):
+        failed.value()  # raised, as ray.get would
 
     hanging = CallOutcome(actor.hang.remote())
     time.sleep(0.2)
