@@ -44,8 +44,10 @@ from raykv.metrics.recorders import AgentFigures, publish_agent_metrics
 
 logger = logging.getLogger(__name__)
 
-#: How long one feed call waits at the shard for a change (it answers at once when there is one).
-FEED_WAIT_S = 1.0
+#: How long one feed call waits at the shard for a change. The shard answers at once when
+#: there is one, so this sets only a quiet node's idle calls: 10 s against 1 s cut four idle
+#: agents from 0.042 to 0.031 cores and two shards from 0.027 to 0.018 (2026-11-29).
+FEED_WAIT_S = 10.0
 #: A shard that sent no feed page for this long (neither a ``changes`` page with entries nor
 #: an ``apply`` reply's) is asked with a long poll; a busy node's pages ride on its windows'
 #: calls instead. Replica lag is at most about this plus a round trip (target: 100 ms at p99):

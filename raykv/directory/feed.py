@@ -26,9 +26,9 @@ from raykv.directory.messages import FeedEntry, FeedOp, FeedPage
 #: this caps a burst's tail near 40 MiB per shard.
 MAX_FEED_KEYS = 500_000
 #: Oldest entry the feed keeps, in seconds. Readers follow within a second (node
-#: agents ask every ~0.1 s, long-polling 1 s); one further behind starts over from a
-#: snapshot. Without it a steadily churning shard kept every change up to
-#: ``MAX_FEED_KEYS`` (the hour-long memory soak: +90 MiB per shard in an hour).
+#: agents ask every ~0.1 s when busy; a quiet one's long poll is answered at once on
+#: a change); one further behind starts over from a snapshot. Without it a steadily
+#: churning shard kept every change up to ``MAX_FEED_KEYS`` (the hour-long memory soak: +90 MiB per shard in an hour).
 MAX_FEED_AGE_S = 60.0
 #: Most entries one page carries (a reader asks again for the rest).
 PAGE_ENTRIES = 4096
