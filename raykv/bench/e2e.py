@@ -32,6 +32,7 @@ raykv hit >= 1k prefix tokens with the same requests under ``no_offload``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 import time
@@ -55,6 +56,7 @@ from raykv.bench.common import (
 )
 from raykv.bench.cpu import cpu_by_role, cpu_delta
 from raykv.core.wire import JsonValue, Report
+from raykv.demo.engine_loop import LoopSteps
 from raykv.demo.messages import Completion
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
@@ -210,6 +212,7 @@ def run(args: argparse.Namespace) -> Report:
                 cpu[name] = after.cpu
                 trace_s = after.trace_s
                 drops = after.cascade_dropped_blocks
+                loop_steps = after.loop_steps
                 by_source = after.hits_by_source
                 if after.probe is not None:
                     probes[name] = after.probe
@@ -244,6 +247,8 @@ def run(args: argparse.Namespace) -> Report:
                         {k: v / oracle for k, v in by_source.items()} if oracle else {}
                     ),
                     "wall_s_with_replica_start": wall,
+                    # the engine loops' steps and their threads' CPU: with requests, offloads only
+                    "engine_loop_steps": as_json(dataclasses.asdict(loop_steps)),
                 }
     finally:
         progress.close()
@@ -286,6 +291,8 @@ class AfterTrace:
     hits_by_source: dict[str, float] = field(default_factory=dict)
     probe: Report | None = None
     lookups: dict[str, float] | None = None
+    #: The engine loops' steps over the trace, summed over the replicas.
+    loop_steps: LoopSteps = field(default_factory=LoopSteps)
 
 
 #: A config's own step after its trace (``_after_trace``): fills in the probe, lookups.
@@ -300,8 +307,10 @@ class _TraceCpu:
         self.then = then
         self.start: dict[int, tuple[str, float]] = {}
         self.t0 = 0.0
+        self.steps0 = LoopSteps()
 
-    def before(self) -> None:
+    def before(self, replicas: list[ActorHandle]) -> None:
+        self.steps0 = _loop_steps(replicas)
         self.start = cpu_by_role()
         self.t0 = time.perf_counter()
 
@@ -311,6 +320,7 @@ class _TraceCpu:
         trace_s = time.perf_counter() - self.t0
         spent = cpu_delta(self.start, cpu_by_role())
         drops = sum(ray.get([r.cascade_drops.remote() for r in replicas], timeout=120))
+        steps = _loop_steps(replicas, minus=self.steps0)
         by_source: dict[str, float] = {}
         every: list[dict[str, float]] = ray.get([r.hits_by_source.remote() for r in replicas], timeout=120)
         for hits in every:
@@ -320,8 +330,22 @@ class _TraceCpu:
         out.cpu = spent
         out.trace_s = trace_s
         out.cascade_dropped_blocks = drops
+        out.loop_steps = steps
         out.hits_by_source = {k: v for k, v in by_source.items() if v}
         return out
+
+
+def _loop_steps(replicas: list[ActorHandle], minus: LoopSteps | None = None) -> LoopSteps:
+    """The replicas' engine-loop steps so far, summed (less ``minus``)."""
+    import ray
+
+    total = LoopSteps()
+    per_replica: list[LoopSteps] = ray.get([r.loop_steps.remote() for r in replicas], timeout=120)
+    for one in [*per_replica, *([minus] if minus is not None else [])]:
+        sign = -1 if one is minus else 1
+        for f in dataclasses.fields(LoopSteps):
+            setattr(total, f.name, getattr(total, f.name) + sign * getattr(one, f.name))
+    return total
 
 
 def _after_trace(name: str) -> AfterStep | None:
@@ -610,6 +634,14 @@ def format_result(r: Report) -> str:
         "blocks vLLM's cascade dropped (CPU primary full): "
         + ", ".join(f"{name} {n}" for name, n in drops.items() if n is not None)
     )
+    for name, cv in configs.items():
+        steps = section(section(cv).get("engine_loop_steps"))
+        if steps:
+            out.append(
+                f"{name} engine loops over the trace: {num(steps['request_steps']):.0f} steps with requests "
+                f"({num(steps['request_cpu_s']):.1f} CPU s on the loop threads), "
+                f"{num(steps['offload_steps']):.0f} offload-only steps ({num(steps['offload_cpu_s']):.2f} CPU s)"
+            )
     for name, rv in section(r.get("trace_cpu_s")).items():
         roles = {role: num(v) for role, v in section(rv).items()}
         top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])

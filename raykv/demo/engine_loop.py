@@ -41,6 +41,18 @@ OFFLOAD_STEP_PAUSE_S = 0.002
 
 
 @dataclass
+class LoopSteps:
+    """What an engine loop's thread spent stepping: steps with requests running and
+    offload-only steps (no request left, the scheduler still reporting work), with
+    the thread's CPU seconds in each."""
+
+    request_steps: int = 0
+    request_cpu_s: float = 0.0
+    offload_steps: int = 0
+    offload_cpu_s: float = 0.0
+
+
+@dataclass
 class Pending:
     """One submitted request: done once the engine finished it (or failed)."""
 
@@ -79,6 +91,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._ids = itertools.count()
         self._ready = threading.Event()
+        self.steps = LoopSteps()  # written by the loop's thread only
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(
             target=self._run, args=(model, kv_transfer_config, engine_kwargs), name="raykv-engine-loop", daemon=True
@@ -140,7 +153,10 @@ class EngineLoop:
                     self._wake.wait()
                     self._wake.clear()
                     continue
+                offload_only = not running
+                cpu0 = time.thread_time()
                 self._step(llm, running)
+                self._count(offload_only, time.thread_time() - cpu0)
                 if not running:
                     self._wake.wait(OFFLOAD_STEP_PAUSE_S)
                     self._wake.clear()
@@ -149,6 +165,15 @@ class EngineLoop:
                 p.error = p.error or RuntimeError("engine loop stopped")
                 p.done.set()
             llm.llm_engine.engine_core.shutdown()
+
+    def _count(self, offload_only: bool, cpu_s: float) -> None:
+        steps = self.steps
+        if offload_only:
+            steps.offload_steps += 1
+            steps.offload_cpu_s += cpu_s
+        else:
+            steps.request_steps += 1
+            steps.request_cpu_s += cpu_s
 
     def _admit(self, llm: LLM, running: dict[str, Pending]) -> None:
         engine = llm.llm_engine

@@ -8,6 +8,7 @@ run the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,6 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue
+from raykv.demo.engine_loop import LoopSteps
 from raykv.demo.messages import Completion, ReplicaReady
 from raykv.demo.workload import TraceRequest
 
@@ -160,6 +162,10 @@ class EngineReplica:
 
         return read_step_cost(self.llm.get_metrics())
 
+    def loop_steps(self) -> LoopSteps:
+        """What the engine loop's thread spent stepping so far (requests / offloads only)."""
+        return dataclasses.replace(self.loop.steps)
+
     def cascade_drops(self) -> int:
         """Blocks this engine computed that never reached its CPU primary (it was full), so
         no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""
@@ -280,12 +286,12 @@ def run_trace(
     engine_kw: EngineConfig,
     progress: Progress,
     after: Callable[[list[ActorHandle]], T] | None = None,
-    before: Callable[[], object] | None = None,
+    before: Callable[[list[ActorHandle]], object] | None = None,
     concurrency: int | None = None,
     warm_prefix: Sequence[int] | None = None,
     output_tokens: int = 1,
 ) -> tuple[list[Completion], T | None]:
-    """Start one replica per node, call ``before()``, send ``trace`` (requests with
+    """Start one replica per node, call ``before(replicas)``, send ``trace`` (requests with
     ``session``, ``turn``, ``replica`` and ``prompt_token_ids``), then ``after(replicas)``,
     and stop the replicas. Returns one result per request (trace order), and what
     ``after`` returned.
@@ -307,7 +313,7 @@ def run_trace(
         ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
         progress.set_description(f"{name}: {len(trace)} requests")
         if before is not None:
-            before()
+            before(replicas)
 
         def send(req: TraceRequest, settle: bool) -> ray.ObjectRef[Completion]:
             warm = warm_prefix[req.index] if warm_prefix is not None else 0

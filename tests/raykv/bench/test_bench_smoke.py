@@ -122,6 +122,10 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     assert cfg["engine_hit"]["hit_tokens"] == out["oracle_hit_tokens"] > 0
     assert out["sessions_in_flight"] == 2  # no barrier: one session per replica in flight
     assert all(c["cascade_dropped_blocks"] >= 0 for c in cfg.values())
+    for c in cfg.values():  # the engine loops' steps over the trace: a request's decode alone takes output_tokens
+        steps = c["engine_loop_steps"]
+        assert steps["request_steps"] >= out["output_tokens"] and steps["request_cpu_s"] > 0, steps
+        assert steps["offload_steps"] >= 0 and steps["offload_cpu_s"] >= 0, steps
     # hits by source (vLLM's counters): the floor's all come from the engine's own cache
     assert sum(cfg["engine_hit"]["hits_by_source"].values()) >= cfg["engine_hit"]["hit_tokens"]
     floor = out["floor_ratio"]
