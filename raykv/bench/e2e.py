@@ -27,12 +27,19 @@ output token, from arrival at the replica) and prompt tokens/s; raykv's TTFT
 as a ratio to the ``engine_hit`` floor, to ``no_offload`` and to ``vllm_fs``.
 The TTFT speed-up on hits compares, request by request, the requests where
 raykv hit >= 1k prefix tokens with the same requests under ``no_offload``.
+
+``--rounds N`` runs the configs N times (every other round in reverse order,
+each round on roots of its own) and reports each round's TTFT and host CPU
+with their medians: on a 2-core host one run's figures swing by a third, so
+paired lines (raykv's host CPU against vLLM fs's, pending entries on against
+off) are judged on each round's ratio and the median of those.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -44,6 +51,7 @@ from ray.actor import ActorHandle
 from raykv.bench.common import (
     as_json,
     machine,
+    median,
     names_option,
     num,
     number,
@@ -120,6 +128,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--configs", default=",".join(DEFAULT_CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}"
     )
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the configs this many times, every other round in reverse order, and report each "
+        "round's TTFT and host CPU with their medians (default 1; the full report is the first round's)",
+    )
+    p.add_argument(
         "--output-tokens",
         type=int,
         default=REPLY_TOKENS,
@@ -165,6 +180,9 @@ def run(args: argparse.Namespace) -> Report:
     if args.quick:
         args.replicas, args.sessions, args.turns = 2, 3, 2
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
+    rounds = getattr(args, "rounds", 1)
+    if rounds < 1:
+        raise ValueError(f"--rounds: must be >= 1, got {rounds}")
     tiny = getattr(args, "tiny", False)
     model = args.model or (build_tiny_model() if tiny else build_bench_model())
     model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)
@@ -181,75 +199,90 @@ def run(args: argparse.Namespace) -> Report:
     chunk = chunk_bytes(model)
     info = machine()
     cluster, nodes = start_local_cluster(args.replicas)
-    progress = tqdm(total=len(configs) * len(trace), file=sys.stderr, disable=args.no_progress, unit="req")
+    progress = tqdm(total=rounds * len(configs) * len(trace), file=sys.stderr, disable=args.no_progress, unit="req")
     per_config: dict[str, Report] = {}
     probes: dict[str, Report] = {}
     lookups: dict[str, dict[str, float]] = {}
     raw: dict[str, list[Completion]] = {}
     cpu: dict[str, dict[str, float]] = {}
+    by_round: list[dict[str, Report]] = []
+
+    def one(name: str, root: str) -> tuple[Report, list[Completion], AfterTrace]:
+        """Config ``name``'s trace, its tiers under ``root``: its figures, results and after-step."""
+        ours = name in RAYKV_SETTINGS
+        services = raykv.start(_raykv_config(name, root)) if ours else None
+        t0 = time.perf_counter()
+        then = _TraceCpu(_after_trace(name))
+        results, after = run_trace(
+            name,
+            nodes,
+            model,
+            _kv_config(name, chunk, root),
+            trace,
+            kw,
+            progress,
+            after=then.after,
+            before=then.before,
+            concurrency=in_flight,
+            warm_prefix=oracle_per_request if name == "engine_hit" else None,
+            output_tokens=output_tokens,
+        )
+        assert after is not None
+        wall = time.perf_counter() - t0
+        if services is not None:
+            services.shutdown()
+        busy = sum(r.ttft_ms for r in results) / 1000
+        ttft = [r.ttft_ms for r in results]
+        promoted = [r.ttft_ms for r in results if r.cached_tokens >= HIT_PREFIX_TOKENS]
+        hits = sum(r.cached_tokens for r in results)
+        tpot = [r.decode_ms_per_token for r in results if r.decode_ms_per_token is not None]
+        by_source = after.hits_by_source
+        figures: Report = {
+            "hit_tokens": hits,
+            "hit_rate": hits / prompt_tokens,
+            "ttft_p50_ms": percentile(ttft, 50),
+            "ttft_p99_ms": percentile(ttft, 99),
+            # requests that found >= 1k prefix tokens cached (the same requests in every
+            # config that reaches the oracle's hit rate)
+            "promoted_requests": len(promoted),
+            "ttft_p50_promoted_ms": percentile(promoted, 50) if promoted else None,
+            "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
+            "tpot_p50_ms": percentile(tpot, 50) if tpot else None,
+            "requests_per_s": len(results) / after.trace_s,
+            # blocks computed that never reached the CPU primary (full), so no tier got them
+            "cascade_dropped_blocks": after.cascade_dropped_blocks,
+            # vLLM's prompt_tokens_cached_by_source over the trace (engine cache, each tier)
+            "hits_by_source": as_json(by_source),
+            "hits_by_source_of_oracle": as_json({k: v / oracle for k, v in by_source.items()} if oracle else {}),
+            "wall_s_with_replica_start": wall,
+            # the engine loops' steps and their threads' CPU: with requests, offloads only
+            "engine_loop_steps": as_json(dataclasses.asdict(after.loop_steps)),
+        }
+        return figures, results, after
+
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-e2e-") as root:
-            for name in configs:
-                ours = name in RAYKV_SETTINGS
-                services = raykv.start(_raykv_config(name, root)) if ours else None
-                t0 = time.perf_counter()
-                then = _TraceCpu(_after_trace(name))
-                results, after = run_trace(
-                    name,
-                    nodes,
-                    model,
-                    _kv_config(name, chunk, root),
-                    trace,
-                    kw,
-                    progress,
-                    after=then.after,
-                    before=then.before,
-                    concurrency=in_flight,
-                    warm_prefix=oracle_per_request if name == "engine_hit" else None,
-                    output_tokens=output_tokens,
-                )
-                assert after is not None
-                cpu[name] = after.cpu
-                trace_s = after.trace_s
-                drops = after.cascade_dropped_blocks
-                loop_steps = after.loop_steps
-                by_source = after.hits_by_source
-                if after.probe is not None:
-                    probes[name] = after.probe
-                if after.lookups is not None:
-                    lookups[name] = after.lookups
-                wall = time.perf_counter() - t0
-                if services is not None:
-                    services.shutdown()
-                raw[name] = results
-                busy = sum(r.ttft_ms for r in results) / 1000
-                ttft = [r.ttft_ms for r in results]
-                promoted = [r.ttft_ms for r in results if r.cached_tokens >= HIT_PREFIX_TOKENS]
-                hits = sum(r.cached_tokens for r in results)
-                tpot = [r.decode_ms_per_token for r in results if r.decode_ms_per_token is not None]
-                per_config[name] = {
-                    "hit_tokens": hits,
-                    "hit_rate": hits / prompt_tokens,
-                    "ttft_p50_ms": percentile(ttft, 50),
-                    "ttft_p99_ms": percentile(ttft, 99),
-                    # requests that found >= 1k prefix tokens cached (the same requests in every
-                    # config that reaches the oracle's hit rate)
-                    "promoted_requests": len(promoted),
-                    "ttft_p50_promoted_ms": percentile(promoted, 50) if promoted else None,
-                    "prompt_tokens_per_s": prompt_tokens / busy if busy else None,
-                    "tpot_p50_ms": percentile(tpot, 50) if tpot else None,
-                    "requests_per_s": len(results) / trace_s,
-                    # blocks computed that never reached the CPU primary (full), so no tier got them
-                    "cascade_dropped_blocks": drops,
-                    # vLLM's prompt_tokens_cached_by_source over the trace (engine cache, each tier)
-                    "hits_by_source": as_json(by_source),
-                    "hits_by_source_of_oracle": as_json(
-                        {k: v / oracle for k, v in by_source.items()} if oracle else {}
-                    ),
-                    "wall_s_with_replica_start": wall,
-                    # the engine loops' steps and their threads' CPU: with requests, offloads only
-                    "engine_loop_steps": as_json(dataclasses.asdict(loop_steps)),
-                }
+            for n in range(rounds):
+                # Each round has its own roots (a root outlives its tier: a later round would
+                # start warm), and every other round runs the configs in reverse order, so
+                # neither config always runs first.
+                round_root = os.path.join(root, f"round{n}")
+                os.makedirs(round_root)
+                figures_of: dict[str, Report] = {}
+                for name in configs if n % 2 == 0 else configs[::-1]:
+                    figures, results, after = one(name, round_root)
+                    figures_of[name] = {
+                        **{k: figures[k] for k in ROUND_FIGURES},
+                        "host_cpu_s": sum(after.cpu.values()),
+                    }
+                    if n:
+                        continue  # the first round's full report stands; later ones add figures
+                    per_config[name], raw[name], cpu[name] = figures, results, after.cpu
+                    if after.probe is not None:
+                        probes[name] = after.probe
+                    if after.lookups is not None:
+                        lookups[name] = after.lookups
+                by_round.append({name: figures_of[name] for name in configs})
     finally:
         progress.close()
         ray.shutdown()
@@ -277,6 +310,9 @@ def run(args: argparse.Namespace) -> Report:
     result["floor_ratio"] = _floor_ratio(raw, per_config, probes)
     result["raykv_lookups"] = as_json(lookups)
     result["trace_cpu_s"] = as_json(cpu)
+    if rounds > 1:
+        result["rounds"] = as_json(by_round)
+        result["round_medians"] = _round_medians(by_round)
     result["targets"] = _targets(result)
     return result
 
@@ -346,6 +382,22 @@ def _loop_steps(replicas: list[ActorHandle], minus: LoopSteps | None = None) -> 
         for f in dataclasses.fields(LoopSteps):
             setattr(total, f.name, getattr(total, f.name) + sign * getattr(one, f.name))
     return total
+
+
+#: What each round records of every config (``--rounds``), besides its host CPU seconds.
+ROUND_FIGURES = ("hit_tokens", "ttft_p50_ms", "ttft_p50_promoted_ms", "requests_per_s")
+
+
+def _round_medians(by_round: list[dict[str, Report]]) -> Report:
+    """Per config, the median over the rounds of each figure (``--rounds``)."""
+    out: Report = {}
+    for name in by_round[0]:
+        figures: Report = {}
+        for fig in (*ROUND_FIGURES, "host_cpu_s"):
+            values = [v for r in by_round if (v := number(section(r[name]).get(fig))) is not None]
+            figures[fig] = median(values) if values else None
+        out[name] = figures
+    return out
 
 
 def _after_trace(name: str) -> AfterStep | None:
@@ -510,6 +562,8 @@ def _targets(r: Report) -> JsonValue:
                 detail=f"{on:.1f} vs {off:.1f} ms",
             )
         )
+    rounds = r.get("rounds")
+    out += _round_targets([section(x) for x in rounds] if isinstance(rounds, list) else [])
     floor = section(r.get("floor_ratio"))
     if number(floor.get("probe_to_engine_hit")) is not None:
         probes = section(r["prefix_probes"])
@@ -532,6 +586,56 @@ def _targets(r: Report) -> JsonValue:
             detail=f"{probe.get('prompt_tokens', 0)}-token prompts, {probe.get('cached_tokens_p50', 0):.0f} cached",
         )
     )
+    return out
+
+
+def _round_targets(by_round: list[Report]) -> list[JsonValue]:
+    """Issue 24's and 25's lines over ``--rounds`` (each round's ratio, then their median):
+    raykv's host CPU at most vLLM fs's, raykv's promoted TTFT at most fs's in every round,
+    and pending entries costing a trace without shared in-flight prefixes under 5%."""
+    if len(by_round) < 2:
+        return []
+    n = len(by_round)
+
+    def per_round(name: str, base: str, fig: str) -> list[float]:
+        out = []
+        for r in by_round:
+            ours, theirs = number(section(r.get(name)).get(fig)), number(section(r.get(base)).get(fig))
+            if ours is not None and theirs:
+                out.append(ours / theirs)
+        return out
+
+    def detail(xs: list[float]) -> str:
+        return "rounds: " + ", ".join(f"{x:.2f}" for x in xs)
+
+    out: list[JsonValue] = []
+    for name in RAYKV_SETTINGS:
+        cpu = per_round(name, "vllm_fs", "host_cpu_s")
+        if len(cpu) == n:
+            out.append(
+                target(f"host CPU s {name} / vLLM fs, median of {n} rounds", median(cpu), 1.0, False, detail(cpu))
+            )
+        promoted = per_round(name, "vllm_fs", "ttft_p50_promoted_ms")
+        if len(promoted) == n:
+            out.append(
+                target(
+                    f"rounds of {n} with TTFT p50 {name} <= vLLM fs, promoted requests",
+                    sum(x <= 1.0 for x in promoted),
+                    n,
+                    detail=detail(promoted),
+                )
+            )
+    pending = per_round("raykv_pending", "raykv_no_pending", "ttft_p50_ms")
+    if len(pending) == n:
+        out.append(
+            target(
+                f"TTFT p50 pending entries on / off, median of {n} rounds",
+                median(pending),
+                1.05,
+                False,
+                detail(pending),
+            )
+        )
     return out
 
 
@@ -642,6 +746,24 @@ def format_result(r: Report) -> str:
                 f"({num(steps['request_cpu_s']):.1f} CPU s on the loop threads), "
                 f"{num(steps['offload_steps']):.0f} offload-only steps ({num(steps['offload_cpu_s']):.2f} CPU s)"
             )
+    rounds = r.get("rounds")
+    if isinstance(rounds, list) and rounds:
+        round_rows: list[tuple[object, ...]] = []
+        for i, rv in enumerate(rounds):
+            for name, cv in section(rv).items():
+                c = section(cv)
+                round_rows.append(
+                    (i + 1, name, c["ttft_p50_ms"], c["ttft_p50_promoted_ms"], c["host_cpu_s"], c["hit_tokens"])
+                )
+        for name, cv in section(r.get("round_medians")).items():
+            c = section(cv)
+            round_rows.append(
+                ("median", name, c["ttft_p50_ms"], c["ttft_p50_promoted_ms"], c["host_cpu_s"], c["hit_tokens"])
+            )
+        round_cols = ("round", "config", "TTFT p50 ms", "promoted TTFT p50 ms", "host CPU s", "hit tokens")
+        out.append(
+            "\n" + table(round_cols, round_rows, title=f"{len(rounds)} rounds (every other one in reverse order)")
+        )
     for name, rv in section(r.get("trace_cpu_s")).items():
         roles = {role: num(v) for role, v in section(rv).items()}
         top = ", ".join(f"{role} {s:.1f}" for role, s in list(roles.items())[:6])

@@ -145,3 +145,25 @@ def test_e2e_quick_json_has_the_floor(vllm_env) -> None:
     assert "1k-prefix probe TTFT raykv / engine_hit floor" in names
     for t in out["targets"]:
         _check_verdict(t)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_e2e_rounds_report_each_round_and_the_medians(vllm_env) -> None:
+    """``--rounds 2``: each config runs twice (the second round in reverse order, on roots of its
+    own, so it starts cold too), and issue 24's paired lines are judged on the rounds' ratios."""
+    out = run_bench("e2e", "--quick", "--tiny", "--configs", "raykv,vllm_fs", "--rounds", "2", timeout=900)
+    rounds, medians = out["rounds"], out["round_medians"]
+    assert len(rounds) == 2 and all(set(r) == {"raykv", "vllm_fs"} for r in rounds)
+    for name in ("raykv", "vllm_fs"):
+        figures = [r[name] for r in rounds]
+        # a cold start each round: a root kept from round 1 would hit first turns, past the oracle
+        assert all(0 < f["hit_tokens"] <= out["oracle_hit_tokens"] for f in figures), figures
+        assert figures[0]["hit_tokens"] == out["configs"][name]["hit_tokens"]  # the full report is round 1's
+        assert all(f["host_cpu_s"] > 0 and f["ttft_p50_ms"] > 0 for f in figures), figures
+        assert medians[name]["host_cpu_s"] == pytest.approx(sum(f["host_cpu_s"] for f in figures) / 2)
+    cpu = next(t for t in out["targets"] if t["target"] == "host CPU s raykv / vLLM fs, median of 2 rounds")
+    ratios = [r["raykv"]["host_cpu_s"] / r["vllm_fs"]["host_cpu_s"] for r in rounds]
+    assert cpu["value"] == pytest.approx(sum(ratios) / 2)
+    for t in out["targets"]:
+        _check_verdict(t)
