@@ -758,7 +758,14 @@ def format_result(r: Report) -> str:
         for name, cv in section(r.get("round_medians")).items():
             c = section(cv)
             round_rows.append(
-                ("median", name, c["ttft_p50_ms"], c["ttft_p50_promoted_ms"], c["host_cpu_s"], c["hit_tokens"])
+                (
+                    "median",
+                    name,
+                    c["ttft_p50_ms"],
+                    c["ttft_p50_promoted_ms"],
+                    c["host_cpu_s"],
+                    round(num(c["hit_tokens"])),
+                )
             )
         round_cols = ("round", "config", "TTFT p50 ms", "promoted TTFT p50 ms", "host CPU s", "hit tokens")
         out.append(
