@@ -375,13 +375,12 @@ def _loop_steps(replicas: list[ActorHandle], minus: LoopSteps | None = None) -> 
     """The replicas' engine-loop steps so far, summed (less ``minus``)."""
     import ray
 
-    total = LoopSteps()
     per_replica: list[LoopSteps] = ray.get([r.loop_steps.remote() for r in replicas], timeout=120)
-    for one in [*per_replica, *([minus] if minus is not None else [])]:
-        sign = -1 if one is minus else 1
-        for f in dataclasses.fields(LoopSteps):
-            setattr(total, f.name, getattr(total, f.name) + sign * getattr(one, f.name))
-    return total
+    names = [f.name for f in dataclasses.fields(LoopSteps)]
+    total = {n: sum(getattr(s, n) for s in per_replica) for n in names}
+    if minus is not None:
+        total = {n: total[n] - getattr(minus, n) for n in names}
+    return LoopSteps(**total)
 
 
 #: What each round records of every config (``--rounds``), besides its host CPU seconds.

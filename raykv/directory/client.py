@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -240,6 +241,18 @@ class AgentClient:
         return PendingLookup(listed, [(np.arange(len(listed)), ref)])
 
 
+def _take_oldest(queued: dict[bytes, None], n: int) -> list[bytes]:
+    """Remove and return the ``n`` oldest keys of ``queued`` (all of them when fewer)."""
+    if n >= len(queued):
+        keys = list(queued)
+        queued.clear()
+        return keys
+    keys = list(itertools.islice(queued, max(0, n)))
+    for k in keys:
+        del queued[k]
+    return keys
+
+
 class LookupCache:
     """Non-blocking per-key directory answers for one engine process.
 
@@ -248,11 +261,10 @@ class LookupCache:
     batched lookup; ``poll`` absorbs finished lookups. An answer that does not
     come within ``max_wait_s`` counts as "nobody holds it" (a miss is safe).
 
-    Memory is bounded: at most ``max_entries`` answers are kept (least
-    recently used ones go first; a dropped answer costs a RETRY and one more
-    lookup, never a wrong answer), at most ``max_entries`` keys wait for the
-    next ``flush``, and in-flight keys leave when their lookup answers or
-    times out.
+    Memory is bounded: at most ``max_entries`` answers are kept (least recently used ones go first;
+    a dropped answer costs a RETRY and one more lookup, never a wrong answer), at most ``max_entries``
+    keys wait for the next ``flush``, and at most ``max_entries`` are in flight (a slow directory's
+    keys wait in the queue; in-flight keys leave when their lookup answers or times out).
     """
 
     def __init__(
@@ -280,9 +292,8 @@ class LookupCache:
         #: The round trips of the lookups this process waited for (``RoundTrips.wait_budget``).
         self.round_trips = RoundTrips()
         self._timed: dict[int, float] = {}  # waited-for lookups answering late: id -> last seen unanswered
-        #: Lookup rounds: one per engine step that looked anything up (the first
-        #: ``flush`` after a ``poll``). A request RETRY'd in two rounds in a row
-        #: is still held back (``lookup_retry_budget_ms``).
+        #: Lookup rounds: one per engine step that looked anything up (the first ``flush`` after a
+        #: ``poll``). A request RETRY'd in two rounds in a row is still held back (``lookup_retry_budget_ms``).
         self.round = 0
         self._looked = False
 
@@ -340,15 +351,16 @@ class LookupCache:
         return bool(self._queued or self._pending)
 
     def flush(self) -> None:
-        """Send every queued key in one batched lookup (one call per shard)."""
+        """Send queued keys in one batched lookup (one call per shard), up to ``max_entries`` in flight."""
         if self._looked:
             self._looked = False
             self.round += 1
-        with self._lock:
-            if not self._queued:
+        if self._pending and len(self._in_flight) + len(self._queued) > self.max_entries:
+            self._absorb()  # answers (or time-outs) that came back make room first
+        with self._lock:  # (none when full: the directory is behind; keys wait for answers)
+            keys = _take_oldest(self._queued, self.max_entries - len(self._in_flight))
+            if not keys:
                 return
-            keys = list(self._queued)
-            self._queued.clear()
         try:
             pending = self._send(keys)
         except Exception as e:  # directory unreachable: answer "nobody"
@@ -422,8 +434,11 @@ class LookupCache:
             if unknown and self._overlay is not None:
                 answered = self._overlay.read_prefix(unknown)
                 unknown = [k for k in unknown if k not in answered]
+            full = len(self._in_flight) + len(unknown) > self.max_entries
         if not unknown:
             return True
+        if full:  # the directory is behind: the keys go with the step's batched call as room frees
+            return False
         try:
             pending = self._send(unknown)
         except Exception as e:  # directory unreachable: answer "nobody"

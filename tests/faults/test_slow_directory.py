@@ -115,6 +115,34 @@ def test_a_slow_shard_costs_misses_never_a_stalled_step(slow_shard_services) -> 
         region.close()
 
 
+def test_a_slow_shard_keeps_an_engines_keys_in_flight_within_the_cap(slow_shard_services) -> None:
+    """While every lookup answers 500 ms late, an engine stepping every ~10 ms with 1,000
+    new keys a step would have ~50k keys in flight. At most ``max_entries`` leave: the rest
+    wait in the queue (itself capped) and go as answers come back; nothing is stuck."""
+    cap = 3_000
+    cache = LookupCache(slow_shard_services.directory, max_entries=cap)  # no view: every key asks
+    fresh = iter(range(2_000_000, 10**9, 1_000))
+    peak = {"in_flight": 0, "queued": 0}
+    last: list[bytes] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < DELAY_MS / 1e3 * 0.8:  # steps before the first answer lands
+        start = next(fresh)
+        last = prefix_keys(list(range(start, start + 1_000)), 1)  # 1,000 new keys
+        for k in last:
+            if cache.get(k) is None:
+                cache.request(k)
+        cache.flush()
+        cache.poll()
+        for name in peak:
+            peak[name] = max(peak[name], cache.sizes()[name])
+        time.sleep(0.01)
+    assert peak["in_flight"] == cap, peak  # the cap held, and the slow shard did push keys against it
+    assert peak["queued"] <= cap, peak
+    # Once the late answers land, the waiting keys go out and are answered: nobody is left waiting.
+    wait_until(lambda: (cache.flush(), cache.poll(), not cache.has_pending())[-1], timeout_s=30, what="queue drained")
+    assert all(cache.get(k) == [] for k in last), "the last step's keys answered (held by nobody)"
+
+
 def test_a_late_answer_taken_in_after_an_idle_spell_is_not_its_round_trip(slow_shard_services) -> None:
     """A lookup that outlived its wait is taken in at the engine's next step. An
     engine that steps meanwhile measures the slow shard's lateness; an idle one,
