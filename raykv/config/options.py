@@ -58,7 +58,8 @@ class RaykvConfig:
         131_072,
         kind=int,
         min=1,
-        doc="most directory answers (and most queued lookups) one engine process keeps; least recently used go first",
+        doc="most directory answers (and most queued and in-flight lookups) one engine process keeps; "
+        "least recently used go first",
     )
     directory_agent: bool = opt(
         True,
