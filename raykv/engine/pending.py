@@ -35,11 +35,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from types import ModuleType
 from typing import cast
 
 from ray.actor import ActorClass, ActorHandle
@@ -530,11 +532,15 @@ def decisions_so_far(services: RaykvServices) -> dict[str, int]:
         return dict(book.counts)
 
 
-@functools.cache
 def _cpu_engine() -> bool:
-    """Whether this engine process runs on CPU (no CUDA device)."""
-    import torch
+    """Whether this engine process runs on CPU (no CUDA device). A process that has not
+    imported torch is no CUDA engine, and importing it here (seconds) would stall the step."""
+    torch = sys.modules.get("torch")
+    return True if torch is None else _no_cuda(torch)
 
+
+@functools.cache
+def _no_cuda(torch: ModuleType) -> bool:
     return not torch.cuda.is_available()
 
 
