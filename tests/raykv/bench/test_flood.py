@@ -160,9 +160,13 @@ def test_tier_counters_give_the_flood_s_stored_bytes() -> None:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_flood_quick_json(vllm_env) -> None:
-    """The quick run reports every configuration, each tier cycled, and the targets."""
-    out = run_bench("flood", "--quick", timeout=1500)
-    assert out["benchmark"] == "flood" and set(out["configs"]) == {"pinned", "unpinned", "all_nodes"}
+    """The quick run of the two configurations with targets reports each tier cycled and
+    both targets. ``unpinned`` (the pinned run without ``cache_ttl_s``: the baseline the
+    first target quotes) is left out for CI's time: a Serve app per configuration makes
+    each about 3 minutes here, and that a flood evicts an unpinned prompt is tested on
+    real engines in tests/integrations/vllm/test_pins.py."""
+    out = run_bench("flood", "--quick", "--configs", "pinned,all_nodes", timeout=1500)
+    assert out["benchmark"] == "flood" and set(out["configs"]) == {"pinned", "all_nodes"}
     for name, r in out["configs"].items():
         assert "error" not in r, (name, r)
         assert len(r["tiers"]) == 3 and all(t["cycles"] >= out["cycles_target"] for t in r["tiers"]), r["tiers"]

@@ -16,12 +16,16 @@ from tests.benches import run_bench
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_bench_overload_quick_json(vllm_env) -> None:
-    """``raykv bench overload --quick --json``: three Serve LLM apps (tiny model, two replicas on
-    two simulated nodes), each driven past its capacity; every key reported, no raykv-caused error."""
+    """``raykv bench overload --quick --json``: Serve LLM apps (tiny model, two replicas on two
+    simulated nodes), each driven past its capacity; every key reported, no raykv-caused error.
+    CI runs the two fault scenarios (a slow shard, a shard killed mid-phase), the ones where
+    raykv could cause an error; each is a Serve app of its own (about 2.5 minutes here), and
+    ``healthy`` is the same run with nothing injected."""
     pytest.importorskip("ray.serve.llm")
-    out = run_bench("overload", "--quick", timeout=2300)
+    scenarios = ("slow_shard", "dead_shard")
+    out = run_bench("overload", "--quick", "--scenarios", ",".join(scenarios), timeout=2300)
     assert out["benchmark"] == "overload" and out["model"] == "tiny" and out["replicas"] == 2
-    assert set(out["scenarios"]) == set(overload.SCENARIOS)
+    assert set(out["scenarios"]) == set(scenarios) <= set(overload.SCENARIOS)
     rate = None
     for name, s in out["scenarios"].items():
         assert "error" not in s, (name, s)
@@ -36,4 +40,4 @@ def test_bench_overload_quick_json(vllm_env) -> None:
         assert sum(r["completed"] for r in s["per_second"]) == s["completed"], name
         assert set(s["raykv"]) == set(overload.empty_figures()), name
     assert out["scenarios"]["dead_shard"]["fault_at_s"] is not None
-    assert [t["passed"] for t in out["targets"]] == [True, True, True], out["targets"]
+    assert [t["passed"] for t in out["targets"]] == [True] * len(scenarios), out["targets"]
