@@ -55,10 +55,10 @@ demo: $(STAMP)
 
 # PYTHONFAULTHANDLER=1: a native crash prints every thread's Python stack.
 # The default run leaves out the Ray Serve LLM apps (tests marked `serve`, about
-# 10 minutes of replica start-ups on a 2-core machine), the whole-product runs
-# (marked `e2e`: the demo and the benches' quick runs, about 5 minutes) and the
+# 16 minutes of replica start-ups on a 2-core machine), the whole-product runs
+# (marked `e2e`: the demo and the benches' quick runs, about 10 minutes) and the
 # real-engine tests beyond the wrong-bytes ones (marked `vllm_engine`: CPU offload,
-# cascade drops, KV events, step costs, AMX; about 5 minutes;
+# cascade drops, KV events, step costs, AMX; about 8 minutes;
 # model identity, tenants and the cross-node hit stay in): `make test-serve`,
 # `make test-e2e` and `make test-vllm` run them, and .ci/run runs them all.
 test: $(STAMP)
