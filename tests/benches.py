@@ -20,3 +20,13 @@ def run_bench(*args: str, timeout: float = 240) -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def check_verdict(t: dict) -> None:
+    """A target's ``passed`` is what its value, threshold and op say (None: not measured)."""
+    assert t["op"] in (">=", "<="), t
+    if t["value"] is None:
+        assert t["passed"] is None, t
+    else:
+        ok = t["value"] >= t["threshold"] if t["op"] == ">=" else t["value"] <= t["threshold"]
+        assert t["passed"] is ok, t

@@ -10,7 +10,7 @@ import pytest
 
 from raykv import bench
 from raykv.ops.cli import build_parser
-from tests.benches import run_bench
+from tests.benches import check_verdict, run_bench
 
 DATAPLANE_KEYS = (
     "memcpy_gbps",
@@ -28,16 +28,6 @@ DATAPLANE_KEYS = (
     "fs_load_vs_vllm_fs",
 )
 DIRECTORY_KEYS = ("lookup_keys_per_s", "lookup_p50_ms", "lookup_p99_ms")
-
-
-def _check_verdict(t: dict) -> None:
-    """A target's ``passed`` is what its value, threshold and op say (None: not measured)."""
-    assert t["op"] in (">=", "<="), t
-    if t["value"] is None:
-        assert t["passed"] is None, t
-    else:
-        ok = t["value"] >= t["threshold"] if t["op"] == ">=" else t["value"] <= t["threshold"]
-        assert t["passed"] is ok, t
 
 
 def test_registry_and_parser() -> None:
@@ -73,7 +63,7 @@ def test_dataplane_quick_json(tmp_path) -> None:
         "fs load / vLLM fs load",
     }
     for t in out["targets"]:  # each verdict agrees with its own figures (no timing is asserted)
-        _check_verdict(t)
+        check_verdict(t)
 
 
 @pytest.mark.e2e
@@ -108,7 +98,7 @@ def test_directory_quick_json() -> None:
     assert complete["lookups_without_a_call"] >= 0.8 * complete["lookups"], complete  # a complete view asks nothing
     assert len(out["targets"]) >= 4
     for t in out["targets"]:
-        _check_verdict(t)
+        check_verdict(t)
 
 
 @pytest.mark.slow
@@ -161,4 +151,4 @@ def test_e2e_quick_json_has_the_floor_and_the_rounds(vllm_env) -> None:
     ratios = [r["raykv"]["host_cpu_s"] / r["vllm_fs"]["host_cpu_s"] for r in rounds]
     assert cpu["value"] == pytest.approx(sum(ratios) / 2)
     for t in out["targets"]:
-        _check_verdict(t)
+        check_verdict(t)

@@ -163,7 +163,7 @@ def test_flood_quick_json(vllm_env) -> None:
     """The quick run of the two configurations with targets reports each tier cycled and
     both targets. ``unpinned`` (the pinned run without ``cache_ttl_s``: the baseline the
     first target quotes) is left out for CI's time: a Serve app per configuration makes
-    each about 3 minutes here, and that a flood evicts an unpinned prompt is tested on
+    each about 2 minutes here, and that a flood evicts an unpinned prompt is tested on
     real engines in tests/integrations/vllm/test_pins.py."""
     out = run_bench("flood", "--quick", "--configs", "pinned,all_nodes", timeout=1500)
     assert out["benchmark"] == "flood" and set(out["configs"]) == {"pinned", "all_nodes"}

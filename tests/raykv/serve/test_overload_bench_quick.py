@@ -19,7 +19,7 @@ def test_bench_overload_quick_json(vllm_env) -> None:
     """``raykv bench overload --quick --json``: Serve LLM apps (tiny model, two replicas on two
     simulated nodes), each driven past its capacity; every key reported, no raykv-caused error.
     CI runs the two fault scenarios (a slow shard, a shard killed mid-phase), the ones where
-    raykv could cause an error; each is a Serve app of its own (about 2.5 minutes here), and
+    raykv could cause an error; each is a Serve app of its own (about 2 minutes here), and
     ``healthy`` is the same run with nothing injected."""
     pytest.importorskip("ray.serve.llm")
     scenarios = ("slow_shard", "dead_shard")
