@@ -271,11 +271,13 @@ class RaykvServices:
             actor = _get_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
-        for agent in self.directory_agents().values():
-            try:
-                ray.get(agent.close.remote(), timeout=10)
-            except Exception as e:  # dead already: its view files go with `raykv stop`'s cleanup
-                logger.debug("directory agent close failed: %r", e)
+        # Every agent removes its view at once: one 10 s bound for all nodes, not 10 s per node
+        # (a dead agent's call fails at once; its view files go with `raykv stop`'s cleanup).
+        agents = list(self.directory_agents().values())
+        closes: list[ray.ObjectRef[None]] = [agent.close.remote() for agent in agents]
+        if closes:
+            ray.wait(closes, num_returns=len(closes), timeout=10)
+        for agent in agents:
             ray.kill(agent)
         for shard in self.directory.shards:
             ray.kill(shard)
