@@ -22,10 +22,16 @@ ends without the blocks computes them; it is counted (``gave_up``).
 Two engines that get the same new prefix at the same moment both find nobody
 computing it and both announce. So an announcement also *claims* its first
 block at the block's shard, straight (``DirectoryShard.claim``: register, and
-say who listed it before), and the request holds back (RETRY) until the
-answer comes, for at most ``claim_budget_s``. The shard serialises claims:
-one engine is first and computes; the others withdraw their entries and wait
-for its copy (counted ``yield``).
+say who listed it before), and the request holds back (RETRY) until the answer
+comes, for at most ``claim_budget_s`` (counted ``claim``). The shard serialises
+claims: one engine is first and computes; the others withdraw their entries
+and wait for its copy (counted ``yield``).
+
+Only blocks that take at least 20 of this process's claims' round trips to
+compute are listed and claimed (``listing_pays``). Fewer (a short chat turn on
+a fast engine) are computed as without pending entries (counted ``short``):
+holding back for the claim would cost the request more than a twentieth of its
+compute, and listing them costs the directory more than a burst could save.
 
 Everything here is bookkeeping in this process: no call waits.
 """
@@ -76,6 +82,14 @@ ANSWER_SHARE = 0.1
 #: 50-200 ms on a loaded host, where a shorter budget computed every burst on every replica.
 CLAIM_SHARE = 0.25
 MIN_CLAIM_S = 0.1
+#: A request lists the blocks it computes (and claims them) only when a claim's round trip
+#: is at most this share of their compute time, so that holding back for the claim costs it
+#: at most about this share of its compute. Listing also costs the directory a registration,
+#: an end and a change in every node's view per request, while only a request whose prefix
+#: another engine gets at the same time gains. Blocks that compute in less than 20 round
+#: trips (a short chat turn on a fast engine) are computed as without pending entries
+#: (counted ``short``); a long new prefix (a fork's context, a new document) is listed and claimed.
+LISTING_PAYS_SHARE = 0.05
 #: How long a CPU engine's step pauses while a request waits for another engine's copy.
 WAIT_PAUSE_S = 0.002
 #: Weight of the newest sample in the running estimates.
@@ -83,7 +97,7 @@ EWMA = 0.3
 #: Most announced keys remembered for timing (oldest dropped first).
 MAX_TIMED = 65_536
 #: What the decisions are counted as (``raykv_pending_decisions``).
-DECISIONS = ("announce", "wait", "compute", "loaded", "gave_up", "yield")
+DECISIONS = ("announce", "claim", "short", "wait", "compute", "loaded", "gave_up", "yield")
 
 
 class PendingBook:
@@ -108,10 +122,13 @@ class PendingBook:
         self._directory = directory
         self._actor: ActorHandle | None = None
         self._lock = threading.Lock()
-        #: pending key -> (when announced, its place in its request's announcement, 1-based)
-        self._timed: dict[bytes, tuple[float, int]] = {}
+        #: pending key -> (when announced, its place in its request's announcement (1-based),
+        #: whether it was listed in the directory)
+        self._timed: dict[bytes, tuple[float, int, bool]] = {}
         self.compute_s_per_block: float | None = None
         self.load_s_per_block: float | None = None
+        #: How long this process's claims take to be answered (smoothed; None: none yet).
+        self.claim_rtt_s: float | None = None
         self.counts: dict[str, int] = dict.fromkeys(DECISIONS, 0)
         self._unflushed: dict[str, int] = dict.fromkeys(DECISIONS, 0)
 
@@ -139,6 +156,20 @@ class PendingBook:
         compute = 0.0 if self.compute_s_per_block is None else self.compute_s_per_block * blocks
         return min(self.max_wait_s, max(MIN_CLAIM_S, CLAIM_SHARE * compute))
 
+    def listing_pays(self, blocks: int) -> bool:
+        """Whether a request that computes ``blocks`` blocks should list them as pending
+        and claim them: yes until both its compute time and a claim's round trip are
+        measured, then only while the round trip is at most ``LISTING_PAYS_SHARE`` of the
+        blocks' compute time."""
+        if self.compute_s_per_block is None or self.claim_rtt_s is None:
+            return True
+        return self.claim_rtt_s <= LISTING_PAYS_SHARE * self.compute_s_per_block * blocks
+
+    def observe_claim(self, seconds: float) -> None:
+        """One claim answered ``seconds`` after it was sent."""
+        if seconds >= 0:
+            self.claim_rtt_s = _ewma(self.claim_rtt_s, seconds)
+
     def deadline_s(self, blocks: int) -> float:
         """How long an announcement of ``blocks`` blocks stays listed at most."""
         if self.compute_s_per_block is None:
@@ -155,19 +186,21 @@ class PendingBook:
         return any(h.medium == PENDING and not mine(h) for h in holders)
 
     # -- the entries -----------------------------------------------------------
-    def announce(self, keys: Sequence[bytes]) -> None:
-        """This process computes the blocks of ``keys`` (scoped tier keys, in prefix order) now."""
+    def announce(self, keys: Sequence[bytes], listed: bool = True) -> None:
+        """This process computes the blocks of ``keys`` (scoped tier keys, in prefix order)
+        now: listed as pending in the directory, or (not ``listed``) only timed here for
+        the compute estimate (counted ``short``)."""
         if not keys:
             return
         pks = [pending_key(k) for k in keys]
         now = self._clock()
         with self._lock:
             for i, pk in enumerate(pks, 1):
-                self._timed[pk] = (now, i)
+                self._timed[pk] = (now, i, listed)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
-        self.count("announce")
-        actor = self._handle()
+        self.count("announce" if listed else "short")
+        actor = self._handle() if listed else None
         if actor is not None:
             actor.announce.remote(pks, self.deadline_s(len(pks)))
 
@@ -182,14 +215,15 @@ class PendingBook:
                 pk = pending_key(k)
                 seen = self._timed.pop(pk, None)
                 if seen is not None:
-                    done.append(pk)
                     per_block.append((now - seen[0]) / seen[1])
-        if not done:
+                    if seen[2]:
+                        done.append(pk)
+        if not per_block:
             return
         # the block announced last in a store's batch is the one its request waited longest for
         self.compute_s_per_block = _ewma(self.compute_s_per_block, min(per_block))
         actor = self._handle()
-        if actor is not None:
+        if actor is not None and done:
             actor.finish.remote(done)
 
     def claim(self, key: bytes) -> Future[int] | None:
@@ -198,10 +232,13 @@ class PendingBook:
         if self._directory is None or self._handle() is None:
             return None
         try:
-            return self._directory.claim(self.info.holder_id, pending_key(key)).future()
+            answer = self._directory.claim(self.info.holder_id, pending_key(key)).future()
         except Exception as e:  # noqa: BLE001 - without an answer the request computes
             logger.debug("raykv: claim not sent: %r", e)
             return None
+        sent = time.monotonic()
+        answer.add_done_callback(lambda _: self.observe_claim(time.monotonic() - sent))
+        return answer
 
     def withdraw(self, keys: Sequence[bytes]) -> None:
         """This process will not compute the blocks of ``keys`` (scoped tier keys) after
@@ -472,9 +509,10 @@ class ComputeOnce:
 
     def announce(self, key: bytes, req_context: ReqContext, claim: bool = False) -> None:
         """The request computes ``key``: list it and the request's later keys nobody
-        holds (as far as this process knows) as pending, once per request. With
-        ``claim``, its lookups then hold back a little to see whether another engine
-        announced them first (``_hold_claim``)."""
+        holds (as far as this process knows) as pending, once per request, when they
+        are enough to pay for it (``PendingBook.listing_pays``). With ``claim``, its
+        lookups then hold back a little to see whether another engine announced them
+        first (``_hold_claim``)."""
         if req_context.pending_announced:
             return
         keys = [key]
@@ -482,6 +520,22 @@ class ComputeOnce:
         if key in scoped:
             keys = [k for k in scoped[scoped.index(key) :] if not self._answers.get(k)]
         req_context.pending_announced = True
+        if not self.book.listing_pays(len(keys)):
+            self.book.announce(keys, listed=False)  # timed, for the compute estimate
+            logger.debug(
+                "raykv: %s computes %d blocks, too few to list as pending (a claim's round trip: %s s)",
+                req_context.req_id,
+                len(keys),
+                self.book.claim_rtt_s,
+            )
+            return
+        logger.debug(
+            "raykv: %s lists %d blocks as pending (compute %s s/block, a claim's round trip %s s)",
+            req_context.req_id,
+            len(keys),
+            self.book.compute_s_per_block,
+            self.book.claim_rtt_s,
+        )
         self.book.announce(keys)
         req_context.pending_keys = tuple(keys)
         if claim:
@@ -491,6 +545,7 @@ class ComputeOnce:
                 budget = min(budget, req_context.retry_budget_s)
             if answer is not None and budget > 0:
                 req_context.pending_claim, req_context.pending_claim_until = answer, time.monotonic() + budget
+                self.book.count("claim")
 
 
 #: One book per ``RaykvServices`` (a process attaches once per namespace and Ray session).

@@ -109,7 +109,9 @@ _SPECS = (
         COUNTER,
         "requests that met blocks another engine is computing, by what they did (wait: held back "
         "until they register; compute: computed them anyway; loaded: waited and got them; gave_up: the "
-        "wait ended without them) and requests that announced blocks they compute (announce)",
+        "wait ended without them) and requests that announced blocks they compute (announce; claim: "
+        "and held back to see whether another engine announced them first; yield: it had; short: too "
+        "few blocks to list, computed as without pending entries)",
         ("node", "decision"),
     ),
     # -- engine side: raykv's cost on the engine's scheduler thread (raykv.metrics.step_cost), per node

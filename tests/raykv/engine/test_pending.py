@@ -19,7 +19,7 @@ from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.identity import DEFAULT_IDENTITY, KVIdentity, scoped_keys
 from raykv.core.keys import PENDING_GROUP, pending_key, prefix_keys
 from raykv.core.wire import PENDING
-from raykv.engine.pending import CLAIM_SHARE, MIN_CLAIM_S, WAIT_FACTOR, WAIT_SLACK_S, PendingBook
+from raykv.engine.pending import CLAIM_SHARE, LISTING_PAYS_SHARE, MIN_CLAIM_S, WAIT_FACTOR, WAIT_SLACK_S, PendingBook
 from tests.waiting import wait_until
 
 BLOCK = 4096
@@ -78,6 +78,35 @@ def test_a_claim_holds_back_a_share_of_the_compute() -> None:
     assert book.claim_budget_s(1000) == 5.0  # never past the longest wait
 
 
+def test_blocks_are_listed_only_when_they_take_20_round_trips_to_compute() -> None:
+    book, clock = _book()
+    book.observe_claim(0.02)
+    assert book.listing_pays(2)  # compute not measured: list
+    keys = prefix_keys(list(range(4 * 16)), 16)
+    book.announce(keys)
+    clock.now += 0.4
+    book.stored(keys)  # 0.1 s per block
+    book.claim_rtt_s = None
+    assert book.listing_pays(2)  # no claim's round trip measured yet: list
+    book.observe_claim(0.02)
+    assert not book.listing_pays(2)  # 0.2 s of compute, a 20 ms round trip: 10%
+    assert book.listing_pays(4)  # 0.4 s: 5%
+    book.observe_claim(0.22)  # smoothed: 0.7 * 0.02 + 0.3 * 0.22 = 0.08
+    assert book.claim_rtt_s == pytest.approx(0.08)
+    assert book.listing_pays(16) and not book.listing_pays(15)
+    assert LISTING_PAYS_SHARE == 0.05
+
+
+def test_blocks_not_listed_are_still_timed() -> None:
+    book, clock = _book()
+    keys = prefix_keys(list(range(2 * 16)), 16)
+    book.announce(keys, listed=False)
+    clock.now += 0.6
+    book.stored(keys)  # 0.3 s per block
+    assert book.compute_s_per_block == pytest.approx(0.3)
+    assert book.counts["short"] == 1 and book.counts["announce"] == 0
+
+
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
     book, _ = _book()
     other = dataclasses.replace(book.info, holder_id="pending:node-b:1", node_id="node-b")
@@ -129,12 +158,18 @@ class Engine:
         """End this engine's pending entries of ``keys`` as a store of them would, storing nothing."""
         self.tier._pending.book.stored([self.tier.scope(k) for k in keys])
 
-    def measured(self, compute_s_per_block: float) -> None:
-        """Give this process a measured compute time (as earlier stores would), once
-        its pending holder is up (as an engine's is by its first request)."""
+    def measured(self, compute_s_per_block: float, claim_rtt_s: float | None = None) -> None:
+        """Give this process a measured compute time (as earlier stores would), and
+        optionally a claim's round trip (as earlier claims would), once its pending
+        holder is up (as an engine's is by its first request)."""
         book = self.tier._pending.book
         book.compute_s_per_block = compute_s_per_block
+        if claim_rtt_s is not None:
+            book.claim_rtt_s = claim_rtt_s
         ray.get(book._handle().ready.remote(), timeout=30)
+
+    def claim_rtt_s(self) -> float | None:
+        return self.tier._pending.book.claim_rtt_s
 
     def decisions(self) -> dict[str, int]:
         rule = self.tier._pending
@@ -289,6 +324,35 @@ def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
         assert ray.get(waits.decisions.remote())["loaded"] == 1
     finally:
         ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
+    """A request whose blocks compute in less than 20 claims' round trips (a short
+    chat turn on a fast engine) computes them as without pending entries: its first
+    lookup answers MISS, nothing is listed or claimed. A long prefix on the same
+    engine is listed and claimed."""
+    a = Engine.remote("raykv-pending")
+    few = prefix_keys(list(range(46_000, 46_000 + 2 * 16)), 16)
+    many = prefix_keys(list(range(47_000, 47_000 + 6 * 16)), 16)
+    try:
+        # 2 blocks at 0.1 s: 0.2 s of compute against a claim's 20 ms round trip (10%)
+        ray.get(a.measured.remote(0.1, claim_rtt_s=0.02))
+        answers, _ = _settled(a, few, "a-few")
+        assert answers == ["MISS"]
+        counts = ray.get(a.decisions.remote())
+        assert counts["short"] == 1 and counts["announce"] == 0 and counts["claim"] == 0, counts
+        time.sleep(0.5)  # (an entry would be in the shard's books by now)
+        assert not any(_pending_holders(services, few))
+        # 6 blocks at 1 s: 6 s of compute, a 20 ms round trip: listed and claimed (its round trip measured)
+        ray.get(a.measured.remote(1.0, claim_rtt_s=0.02))
+        assert _settled(a, many, "a-many")[0] == ["MISS"]
+        counts = ray.get(a.decisions.remote())
+        assert counts["announce"] == 1 and counts["claim"] == 1, counts
+        wait_until(lambda: all(_pending_holders(services, many)), timeout_s=10, what="the long prefix's entries")
+        wait_until(lambda: ray.get(a.claim_rtt_s.remote()) != 0.02, timeout_s=10, what="the claim's round trip")
+        assert ray.get(a.store.remote(few)) and ray.get(a.store.remote(many))
+    finally:
+        ray.get(a.close.remote())
 
 
 def test_another_model_or_tenant_never_waits_for_them(services) -> None:
