@@ -112,7 +112,8 @@ class ConfigSummary(TypedDict):
     cached_tokens: int
     prompt_tokens: int
     requests: list[RequestRecord]
-    #: the engines' compute-once decisions over the run (``raykv_pending_decisions``)
+    #: the engines' compute-once decisions over the run (``raykv_pending_decisions``), and
+    #: ``idle_ms``: their schedulers' pauses in steps that ran nothing (``raykv_engine_idle_seconds``)
     decisions: dict[str, int]
 
 
@@ -303,6 +304,8 @@ def _decisions(timeout_s: float = 40.0) -> dict[str, int]:
             if n == "ray_raykv_pending_decisions_total":
                 decision = labels.get("decision", "?")
                 out[decision] = out.get(decision, 0) + int(v)
+            elif n == "ray_raykv_engine_idle_seconds_total":  # waiting engines' paused steps
+                out["idle_ms"] = out.get("idle_ms", 0) + int(v * 1000)
         return out
 
     return read_settled(read, METRICS_SETTLE_S, timeout_s)

@@ -171,15 +171,26 @@ class EngineReplica:
         no raykv tier got them (``vllm:raykv_cascade_dropped_blocks``; ``raykv.integrations.vllm.drops``)."""
         return int(sum(_value(m) for m in self.llm.get_metrics() if m.name == "vllm:raykv_cascade_dropped_blocks"))
 
+    def compute_once(self) -> dict[str, float]:
+        """This process's compute-once decisions and idle steps (needs no vLLM stat logging)."""
+        return self._pending_decisions()
+
     def _pending_decisions(self) -> dict[str, float]:
-        """This process's compute-once decisions (``pending_<decision>``; none when pending entries are off)."""
-        from raykv.engine.pending import decisions_so_far
+        """This process's compute-once decisions (``pending_<decision>``), and its idle steps
+        paused while every request waited (``idle_steps``, ``idle_pause_s``); none when pending
+        entries are off."""
+        from raykv.engine.pending import decisions_so_far, idle_so_far
         from raykv.services.cluster import attached_services
 
         out: dict[str, float] = {}
         for services in attached_services():
-            for decision, n in decisions_so_far(services).items():
+            decisions = decisions_so_far(services)
+            for decision, n in decisions.items():
                 out[f"pending_{decision}"] = out.get(f"pending_{decision}", 0.0) + n
+            if decisions:
+                steps, slept_s = idle_so_far(services)
+                out["idle_steps"] = out.get("idle_steps", 0.0) + steps
+                out["idle_pause_s"] = out.get("idle_pause_s", 0.0) + slept_s
         return out
 
     def _lookup_rtt_s(self) -> float | None:

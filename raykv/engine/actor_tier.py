@@ -48,6 +48,26 @@ from raykv.services.cluster import RaykvServices, attach
 logger = logging.getLogger(__name__)
 
 
+def start_holder_actor(actor: HolderHandle, what: str, requested_capacity: int, timeout: float) -> HolderReady:
+    """Wait until a holder actor (just started, or found running) is
+    ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
+    start; a warning when it runs with another capacity than asked for."""
+    try:
+        ready = ray.get(actor.ready.remote(), timeout=timeout)
+    except Exception as e:
+        raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
+    if not isinstance(ready, HolderReady):
+        raise RaykvError(f"{what} answered ready() with a {type(ready).__name__}, not a HolderReady")
+    if ready.requested_capacity_bytes != requested_capacity:
+        logger.warning(
+            "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
+            what,
+            ready.requested_capacity_bytes,
+            requested_capacity,
+        )
+    return ready
+
+
 class DirectoryBackedTier(SecondaryTier):
     """A tier whose blocks are found through the cluster directory.
 
@@ -126,25 +146,7 @@ class DirectoryBackedTier(SecondaryTier):
         """Stop serving lookups of this process (at ``shutdown``)."""
         self.services.planner.remove(self.key_tag, self)
 
-    @staticmethod
-    def start_holder_actor(actor: HolderHandle, what: str, requested_capacity: int, timeout: float) -> HolderReady:
-        """Wait until a holder actor (just started, or found running) is
-        ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
-        start; a warning when it runs with another capacity than asked for."""
-        try:
-            ready = ray.get(actor.ready.remote(), timeout=timeout)
-        except Exception as e:
-            raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
-        if not isinstance(ready, HolderReady):
-            raise RaykvError(f"{what} answered ready() with a {type(ready).__name__}, not a HolderReady")
-        if ready.requested_capacity_bytes != requested_capacity:
-            logger.warning(
-                "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
-                what,
-                ready.requested_capacity_bytes,
-                requested_capacity,
-            )
-        return ready
+    start_holder_actor = staticmethod(start_holder_actor)
 
     @abstractmethod
     def poll_jobs(self) -> None:
@@ -236,15 +238,22 @@ class DirectoryBackedTier(SecondaryTier):
         return self._cache.resolve(keys, self._cache.round_trips.wait_budget(self._lookup_wait_s))
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        if self._pending is not None:
+            self._pending.book.idle.started(req_context.req_id)
         return self.services.policy.decide(self.tier_type, req_context)
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        if self._pending is not None:
+            self._pending.book.idle.finished(req_context.req_id)
 
     def on_schedule_end(self) -> None:
         self._cache.flush()
         self.metrics.flush()
-        if self._pending is not None:
-            self._pending.book.flush()
         if self._events is not None:
             self._events.poll()
+        if self._pending is not None:  # last: the step's calls are sent before an idle step pauses
+            self._pending.book.flush()
+            self._pending.book.idle.step_end()
 
     def has_pending_work(self) -> bool:
         return self.jobs.num_pending > 0 or self._cache.has_pending()

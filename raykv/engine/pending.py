@@ -57,6 +57,7 @@ from raykv.core.keys import pending_key
 from raykv.core.naming import OWNER_ENV
 from raykv.core.wire import PENDING, HolderInfo
 from raykv.directory.client import DirectoryClient, LookupCache
+from raykv.engine.idle_steps import IdleSteps
 from raykv.holders import pending as pending_holder
 from raykv.metrics.catalog import record
 from raykv.services.cluster import RaykvServices
@@ -90,8 +91,6 @@ MIN_CLAIM_S = 0.1
 #: trips (a short chat turn on a fast engine) are computed as without pending entries
 #: (counted ``short``); a long new prefix (a fork's context, a new document) is listed and claimed.
 LISTING_PAYS_SHARE = 0.05
-#: How long a CPU engine's step pauses while a request waits for another engine's copy.
-WAIT_PAUSE_S = 0.002
 #: Weight of the newest sample in the running estimates.
 EWMA = 0.3
 #: Most announced keys remembered for timing (oldest dropped first).
@@ -131,6 +130,8 @@ class PendingBook:
         self.claim_rtt_s: float | None = None
         self.counts: dict[str, int] = dict.fromkeys(DECISIONS, 0)
         self._unflushed: dict[str, int] = dict.fromkeys(DECISIONS, 0)
+        #: The process's live requests and those held back this step: a CPU engine's idle steps pause.
+        self.idle = IdleSteps(_cpu_engine)
 
     # -- the rule ------------------------------------------------------------
     def decide(self, blocks: int) -> float:
@@ -321,7 +322,6 @@ class ComputeOnce:
         self._answers = answers
         self._loadable = loadable
         self._scoped_prefix = scoped_prefix
-        self._paused_round = -1
 
     def lookup(
         self, key: bytes, holders: list[HolderInfo], result: LookupResult, req_context: ReqContext
@@ -339,7 +339,7 @@ class ComputeOnce:
         now = time.monotonic()
         if req_context.pending_announced:  # it computes them; first, whose claim came first
             if self._hold_claim(req_context, now):
-                req_context.retries += 1
+                self.hold(req_context)
                 return LookupResult.RETRY
             if req_context.pending_announced:
                 return result
@@ -367,8 +367,7 @@ class ComputeOnce:
                 # node's view a little later (another shard's feed): wait for it a moment.
                 gone = req_context.pending_gone_at = None if computing else (req_context.pending_gone_at or now)
                 if gone is None or now - gone < REGISTER_GRACE_S:
-                    req_context.retries += 1
-                    self.pause()
+                    self.hold(req_context)
                     return LookupResult.RETRY
             if until is not None:  # the wait ran out, or the entry ended without the block
                 book.count("gave_up")
@@ -381,7 +380,7 @@ class ComputeOnce:
             req_context.pending_wait_ended = True
         self.announce(key, req_context, claim=req_context.pending_wait_until is None)
         if self._hold_claim(req_context, now):
-            req_context.retries += 1
+            self.hold(req_context)
             return LookupResult.RETRY
         return result
 
@@ -416,29 +415,21 @@ class ComputeOnce:
         now = time.monotonic()
         if not req_context.pending_announced and req_context.pending_wait_until is None:
             self.announce(key, req_context, claim=True)
-        if req_context.pending_announced:
-            return self._hold_claim(req_context, now)
-        if self.waiting(req_context):
-            self.pause()
-            return True
-        return False
+        held = self._hold_claim(req_context, now) if req_context.pending_announced else self.waiting(req_context)
+        if held:
+            self.book.idle.held(req_context.req_id, req_context.pending_claim)  # the caller counts the RETRY
+        return held
 
     def held_back(self, req_context: ReqContext) -> bool:
         """Whether the request announced blocks (its claim decides) or waits for another
         engine's copy: it is not held to the retry budget of a key whose answer is late."""
         return req_context.pending_announced or self.waiting(req_context)
 
-    def pause(self) -> None:
-        """A request waits for another engine's copy: on a CPU engine, pause this step
-        ``WAIT_PAUSE_S`` (once per lookup round). The scheduler steps again at once
-        while a request waits, and on CPU that busy loop takes the cores the engine
-        computing the blocks needs; a GPU engine's loop costs no GPU time: no pause."""
-        if not _cpu_engine():
-            return
-        current = self._answers.round
-        if self._paused_round != current:
-            self._paused_round = current
-            time.sleep(WAIT_PAUSE_S)
+    def hold(self, req_context: ReqContext) -> None:
+        """The request is answered RETRY this step to wait for a copy or its claim: when
+        every request of the engine is, the step's end pauses (``IdleSteps``)."""
+        req_context.retries += 1
+        self.book.idle.held(req_context.req_id, req_context.pending_claim)
 
     @staticmethod
     def waiting(req_context: ReqContext) -> bool:
@@ -456,7 +447,6 @@ class ComputeOnce:
             return False
         if not claim.done():
             if now < until:
-                self.pause()  # the engine steps again at once: a CPU engine's loop would spin
                 return True
             req_context.pending_claim = req_context.pending_claim_until = None
             logger.debug("raykv: %s: no answer to its claim in time: computes", req_context.req_id)
@@ -585,6 +575,13 @@ def decisions_so_far(services: RaykvServices) -> dict[str, int]:
         return {}
     with book._lock:
         return dict(book.counts)
+
+
+def idle_so_far(services: RaykvServices) -> tuple[int, float]:
+    """This process's idle steps paused for ``services`` so far, and the seconds slept (``IdleSteps``)."""
+    with _books_lock:
+        book = _books.get(services)
+    return (0, 0.0) if book is None else (book.idle.idle_steps, book.idle.slept_s)
 
 
 def _cpu_engine() -> bool:

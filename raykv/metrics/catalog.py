@@ -149,6 +149,13 @@ _SPECS = (
         ("node",),
     ),
     MetricSpec(
+        "raykv_engine_idle_seconds",
+        COUNTER,
+        "time a CPU engine's scheduler paused in steps that ran nothing, every request it had waiting "
+        "for another engine's copy or its claim's answer (raykv.engine.idle_steps; not in raykv_engine_tier_seconds)",
+        ("node",),
+    ),
+    MetricSpec(
         "raykv_request_retries",
         HISTOGRAM,
         "RETRY answers raykv's tiers gave one request (observed when the request finishes)",

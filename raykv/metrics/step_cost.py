@@ -17,7 +17,10 @@ Polls (checks of in-flight actor calls on the engine-side paths: job and
 liveness polls, directory answers; reads of ``raykv.core.outcomes.CallOutcome``,
 no ``ray.wait``) and lookup waits (``lookup_wait_ms``) are counted
 process-wide in ``COUNTS`` by the code that makes them; each step takes the
-growth since the step before. Two engines stepping in one process (tests
+growth since the step before. A CPU engine's pause in a step that ran nothing
+(``raykv.engine.idle_steps``: every request it had waited for another engine's copy)
+is counted in ``COUNTS.idle_ns`` and taken out of that step's cost: no request
+waited on it. Two engines stepping in one process (tests
 only; deployments run one engine per process) would share those counts.
 
 Measuring costs two clock reads and an integer add per call. Nothing is
@@ -46,12 +49,14 @@ logger = logging.getLogger(__name__)
 class Counts:
     """Process-wide counts of what engine-side code waited on (``COUNTS``)."""
 
-    __slots__ = ("polls", "waits", "wait_ns")
+    __slots__ = ("polls", "waits", "wait_ns", "idle_ns")
 
     def __init__(self) -> None:
         self.polls = 0  # checks of in-flight calls that do not wait
         self.waits = 0  # waits for a call's outcome that may block (a request's first lookup, lookup_wait_ms)
         self.wait_ns = 0  # time spent in those
+        #: Pauses of steps that ran nothing (``raykv.engine.idle_steps``): not raykv's step cost.
+        self.idle_ns = 0
 
 
 COUNTS = Counts()
@@ -80,14 +85,15 @@ class StepCost:
         self.wait_ns = 0
         self.requests = 0
         self.retries = 0
-        self._seen = (COUNTS.polls, COUNTS.waits, COUNTS.wait_ns)
+        self.idle_ns = 0
+        self._seen = (COUNTS.polls, COUNTS.waits, COUNTS.wait_ns, COUNTS.idle_ns)
         self._recent: deque[int] = deque(maxlen=self.RECENT)
         self._ray_steps: list[int] = []
         self._ray_retries: list[int] = []
-        self._ray_seen = (0, 0, 0, 0, 0)  # steps, tier_ns, polls, waits, wait_ns
+        self._ray_seen = (0, 0, 0, 0, 0, 0)  # steps, tier_ns, polls, waits, wait_ns, idle_ns
         self._vllm_steps: list[int] = []
         self._vllm_retries: list[int] = []
-        self._vllm_seen = (0, 0, 0, 0, 0)
+        self._vllm_seen = (0, 0, 0, 0, 0, 0)
         self._next_export = 0  # monotonic ns
         #: The integration's members (vLLM: the engine's raykv tiers, in the
         #: order vLLM calls them); ``closer`` ends each step.
@@ -102,15 +108,17 @@ class StepCost:
     def step_end(self) -> None:
         """Close one engine step: its raykv time is what ``ns`` gathered since the last."""
         t0 = time.perf_counter_ns()
-        ns, self.ns = self.ns, 0
+        polls, waits, wait_ns, idle_ns = COUNTS.polls, COUNTS.waits, COUNTS.wait_ns, COUNTS.idle_ns
+        seen = self._seen
+        idle = idle_ns - seen[3]  # the step ran nothing and slept: no request waited on raykv's work
+        ns, self.ns = max(0, self.ns - idle), 0
         self.steps += 1
         self.tier_ns += ns
-        polls, waits, wait_ns = COUNTS.polls, COUNTS.waits, COUNTS.wait_ns
-        seen = self._seen
         self.polls += polls - seen[0]
         self.waits += waits - seen[1]
         self.wait_ns += wait_ns - seen[2]
-        self._seen = (polls, waits, wait_ns)
+        self.idle_ns += idle
+        self._seen = (polls, waits, wait_ns, idle_ns)
         self._recent.append(ns)
         if len(self._ray_steps) < self.MAX_SAMPLES:
             self._ray_steps.append(ns)
@@ -171,13 +179,14 @@ class StepCost:
             "polls_per_step": self.polls / steps,
             "lookup_waits": self.waits,
             "lookup_wait_seconds": self.wait_ns / 1e9,
+            "idle_pause_seconds": self.idle_ns / 1e9,
             "requests": self.requests,
             "retries": self.retries,
             "retries_per_request": self.retries / max(self.requests, 1),
         }
 
-    def _totals(self) -> tuple[int, int, int, int, int]:
-        return (self.steps, self.tier_ns, self.polls, self.waits, self.wait_ns)
+    def _totals(self) -> tuple[int, int, int, int, int, int]:
+        return (self.steps, self.tier_ns, self.polls, self.waits, self.wait_ns, self.idle_ns)
 
     def take(self) -> tuple[dict[str, float], list[float], list[int]]:
         """For vLLM's stats: growth since the last ``take`` (steps, tier
@@ -222,6 +231,7 @@ class StepCost:
                 ("raykv_engine_polls", d[2]),
                 ("raykv_engine_lookup_waits", d[3]),
                 ("raykv_engine_lookup_wait_seconds", d[4] / 1e9),
+                ("raykv_engine_idle_seconds", d[5] / 1e9),
             ):
                 if value:
                     m = counter(name)

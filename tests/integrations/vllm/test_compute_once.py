@@ -90,10 +90,17 @@ def test_a_replica_waits_for_the_prefix_another_is_computing(two_replicas) -> No
     ``make test-vllm`` run twice on 2026-11-29, once right after ``make test``."""
     a, b, services, nodes = two_replicas
     prompt = make_prompt_tokens(PROMPT_LEN, 41)
+    idle_before = ray.get(b.compute_once.remote(), timeout=60)
     on_a = _meet_while_a_computes(services, a, nodes[0], prompt)
     on_b = ray.get(b.generate.remote(prompt), timeout=300)
     on_a = ray.get(on_a, timeout=300)
+    idle = ray.get(b.compute_once.remote(), timeout=60)
+    steps, slept = (idle[k] - idle_before[k] for k in ("idle_steps", "idle_pause_s"))
     print(f"A computed it: TTFT {on_a.ttft_ms:.0f} ms; B waited and loaded {on_b.cached_tokens}: {on_b.ttft_ms:.0f} ms")
+    print(f"B's idle steps while it waited: {steps:.0f}, {slept:.2f} s paused")
+    # B had nothing else to run: its scheduler slept through much of the wait instead of spinning
+    # (74% of B's TTFT here; a quarter leaves room for a loaded host's slower steps)
+    assert steps > 0 and slept >= 0.25 * on_b.ttft_ms / 1000, (steps, slept, on_b.ttft_ms)
     assert on_a.cached_tokens == 0
     assert on_b.cached_tokens == CACHEABLE  # every full block from raykv, none computed again
     same = compare_outputs([on_a], [on_b], "bfloat16")  # B computed only the last partial block

@@ -19,6 +19,7 @@ import ray
 
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 
@@ -78,6 +79,9 @@ def served(request, vllm_env, tiny_model, ray_for_vllm) -> Iterator[tuple[str, d
     name = request.param
     config = CONFIGS[name]
     services = raykv.start({**config, "directory_shards": 2})
+    if config.get("agent_view_all_keys", True):  # traffic once the node's view holds every key
+        agent = services.directory_agent()
+        wait_until(lambda: ray.get(agent.ready.remote(), timeout=30), timeout_s=60, what="a complete node view")
     llm = LLM(
         model=tiny_model,
         max_model_len=2048,
