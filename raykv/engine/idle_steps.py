@@ -83,11 +83,11 @@ class IdleSteps:
         """End the step: pause when it was idle (every live request held back). The
         first tier's call decides; later tiers' calls in the same step find nothing held.
         Returns the pause (0: none; a claim's answer may have ended it sooner)."""
+        wakes, self._wakes = self._wakes, []  # this step's claims only, whatever happens next
         if not self._held:
             return 0.0
         idle = self._live.keys() <= self._held
         self._held.clear()
-        wakes, self._wakes = self._wakes, []
         if not idle:
             self._streak = 0
             return 0.0

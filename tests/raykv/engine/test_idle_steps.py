@@ -144,3 +144,18 @@ def test_live_requests_are_bounded() -> None:
         steps.started(f"r{i}")
     assert len(steps._live) == MAX_LIVE
     assert "r0" not in steps._live and f"r{MAX_LIVE + 9}" in steps._live
+
+
+def test_a_claim_of_a_request_that_finished_does_not_cut_a_later_pause() -> None:
+    """A held request that finishes before its step ends leaves no claim behind for the next step."""
+    clock = Clock()
+    steps = idle_steps(clock)
+    claim: Future[int] = Future()
+    claim.set_result(0)
+    steps.started("gone")
+    steps.held("gone", claim)
+    steps.finished("gone")
+    assert steps.step_end() == 0.0  # nothing held any more
+    steps.held("waits")
+    assert steps.step_end() == pytest.approx(FIRST_PAUSE_S)
+    assert clock.slept == pytest.approx([FIRST_PAUSE_S])  # slept, not cut short by the old claim
