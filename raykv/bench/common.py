@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypedDict, TypeVar, final
 
+from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue, Report
 
 KiB = 1024
@@ -81,8 +82,44 @@ def names_option(option: str, value: str, allowed: Sequence[str], allow_empty: b
     names = [n.strip() for n in value.split(",") if n.strip()]
     unknown = set(names) - set(allowed)
     if unknown or not (names or allow_empty):
-        raise ValueError(f"{option}: unknown {sorted(unknown)}; allowed: {', '.join(allowed)}")
+        raise ArgumentError(option, f"unknown {sorted(unknown)}; allowed: {', '.join(allowed)}")
     return names
+
+
+def bad_option(message: str) -> ArgumentError:
+    """A benchmark option out of range: ``message`` is ``"--option: what is allowed"``.
+    raykv's CLI reports it as bad input (one line, exit code 2), not as an unexpected error."""
+    option, _, allowed = message.partition(": ")
+    return ArgumentError(option, allowed)
+
+
+def at_least(minimum: float, **options: float | None) -> None:
+    """Each of ``options`` given (``--name`` spelled with underscores; None: not given)
+    is at least ``minimum``."""
+    for name, value in options.items():
+        if value is not None and not value >= minimum:
+            raise ArgumentError("--" + name.replace("_", "-"), f"at least {minimum}, got {value}")
+
+
+def above_zero(**options: float | None) -> None:
+    """Each of ``options`` given (``--name`` spelled with underscores; None: not given) is above 0."""
+    for name, value in options.items():
+        if value is not None and not value > 0:
+            raise ArgumentError("--" + name.replace("_", "-"), f"above 0, got {value}")
+
+
+def counts_option(option: str, text: str, parse: Callable[[str], int] = int) -> list[int]:
+    """The comma-separated counts of ``option`` (``text``), each read by ``parse`` and at least 1."""
+    out: list[int] = []
+    for item in text.split(","):
+        try:
+            value = parse(item.strip())
+        except ValueError:
+            raise ArgumentError(option, f"{item.strip()!r} is not a count") from None
+        if value < 1:
+            raise ArgumentError(option, f"each at least 1, got {value}")
+        out.append(value)
+    return out
 
 
 def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> Report:

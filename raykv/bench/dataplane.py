@@ -48,6 +48,8 @@ from raykv.bench.common import (
     MiB,
     Progress,
     as_json,
+    at_least,
+    counts_option,
     entries,
     gbps,
     machine,
@@ -283,8 +285,9 @@ class Settings:
 
 def _settings(args: argparse.Namespace) -> Settings:
     quick = bool(getattr(args, "quick", False))
-    sizes = [parse_size(s) for s in (args.block_sizes or FULL_BLOCK_SIZES).split(",")]
-    batches = sorted({int(b) for b in (args.batches or (QUICK_BATCHES if quick else FULL_BATCHES)).split(",")})
+    sizes = counts_option("--block-sizes", args.block_sizes or FULL_BLOCK_SIZES, parse_size)
+    batches = sorted(set(counts_option("--batches", args.batches or (QUICK_BATCHES if quick else FULL_BATCHES))))
+    at_least(1, headline_batch=args.headline_batch, rounds=args.rounds, io_threads=args.io_threads)
     headline = args.headline_batch or (32 if 32 in batches else batches[-1])
     if headline not in batches:
         batches = sorted({*batches, headline})

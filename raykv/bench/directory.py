@@ -48,7 +48,10 @@ from ray.actor import ActorHandle
 from raykv.bench import agents
 from raykv.bench.common import (
     Progress,
+    above_zero,
     as_json,
+    at_least,
+    counts_option,
     entries,
     machine,
     median,
@@ -139,11 +142,15 @@ class ClientRun(NamedTuple):
 
 def _settings(args: argparse.Namespace) -> Settings:
     quick = bool(getattr(args, "quick", False))
+    at_least(1, calls=args.calls, pipeline=args.pipeline, clients=args.clients, step_lookups=args.step_lookups)
+    at_least(0, step_registers=args.step_registers)
+    at_least(1, nodes=getattr(args, "nodes", None), engines_per_node=getattr(args, "engines_per_node", None))
+    above_zero(seconds=args.seconds, agent_seconds=getattr(args, "agent_seconds", None))
     return Settings(
         quick=quick,
-        keys=sorted(parse_count(k) for k in (args.keys or ("20k" if quick else "1M,10M")).split(",")),
-        call_sizes=[parse_count(c) for c in (args.call_sizes or ("1k,10k" if quick else "1k,100k")).split(",")],
-        shards=[int(x) for x in (args.shards or ("1,2" if quick else "1,2,4")).split(",")],
+        keys=sorted(counts_option("--keys", args.keys or ("20k" if quick else "1M,10M"), parse_count)),
+        call_sizes=counts_option("--call-sizes", args.call_sizes or ("1k,10k" if quick else "1k,100k"), parse_count),
+        shards=counts_option("--shards", args.shards or ("1,2" if quick else "1,2,4")),
         calls=args.calls,
         pipeline=args.pipeline,
         clients=args.clients if args.clients is not None else (2 if quick else 8),

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, TypedDict, final
 from raykv.bench.common import (
     Failed,
     all_at_once,
+    bad_option,
     machine,
     median,
     names_option,
@@ -218,9 +219,9 @@ def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
         args.replicas, args.prefix_tokens = 2, args.prefix_tokens or 1024
         args.cycles = min(args.cycles, 1.5)
     if args.replicas < 2:
-        raise ValueError("--replicas: at least 2 (the prefix must come back on a replica that did not compute it)")
+        raise bad_option("--replicas: at least 2 (the prefix must come back on a replica that did not compute it)")
     if args.suffix_tokens < BLOCK:
-        raise ValueError(f"--suffix-tokens: at least {BLOCK} (a full block of the probe's own tells who served it)")
+        raise bad_option(f"--suffix-tokens: at least {BLOCK} (a full block of the probe's own tells who served it)")
     max_len = args.max_model_len = model_positions(args)
     limit = prefix_limit(args.suffix_tokens, max_len)
     note = ""
@@ -232,20 +233,20 @@ def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
                 f"{max_len}: {args.prefix_tokens} tokens, the most full blocks that do (--model bench-long: 32768)"
             )
     if args.prefix_tokens < BLOCK:
-        raise ValueError(f"--prefix-tokens: at least {BLOCK} (one block)")
+        raise bad_option(f"--prefix-tokens: at least {BLOCK} (one block)")
     if args.prefix_tokens > limit:
-        raise ValueError(
+        raise bad_option(
             f"--prefix-tokens + --suffix-tokens + 1 output token: at most {max_len} "
             f"(the model's max_model_len): --prefix-tokens {args.prefix_tokens} > {limit}"
         )
     if args.flood_tokens is None:
         args.flood_tokens = args.prefix_tokens
     if not BLOCK <= args.flood_tokens < max_len:
-        raise ValueError(f"--flood-tokens: from {BLOCK} (one block) to under {max_len} (the model's max_model_len)")
+        raise bad_option(f"--flood-tokens: from {BLOCK} (one block) to under {max_len} (the model's max_model_len)")
     if args.tier_prefixes < 2:
-        raise ValueError("--tier-prefixes: at least 2 (the pinned prefix must fit under max_pinned_fraction 0.5)")
+        raise bad_option("--tier-prefixes: at least 2 (the pinned prefix must fit under max_pinned_fraction 0.5)")
     if args.cycles <= 0 or args.ttl <= 0 or args.max_flood_prompts < 1:
-        raise ValueError("--cycles and --ttl: above 0; --max-flood-prompts: at least 1")
+        raise bad_option("--cycles and --ttl: above 0; --max-flood-prompts: at least 1")
     return names_option("--configs", args.configs, CONFIGS), note
 
 

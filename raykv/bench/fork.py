@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, TypedDict, final
 from raykv.bench.common import (
     Failed,
     all_at_once,
+    bad_option,
     machine,
     names_option,
     percentile,
@@ -145,14 +146,14 @@ def run(args: argparse.Namespace) -> ForkResult:
     if args.quick:
         args.replicas, args.forks, args.bursts, args.prefix_tokens = 2, 3, 1, 512
     if args.replicas < 2:
-        raise ValueError("--replicas: at least 2 (a burst meets a prefix computed on another replica)")
+        raise bad_option("--replicas: at least 2 (a burst meets a prefix computed on another replica)")
     if args.forks < 2 or args.bursts < 1:
-        raise ValueError("--forks: at least 2; --bursts: at least 1")
+        raise bad_option("--forks: at least 2; --bursts: at least 1")
     if args.prefix_tokens < BLOCK or args.suffix_tokens < 1:
-        raise ValueError(f"--prefix-tokens: at least {BLOCK} (one block); --suffix-tokens: at least 1")
+        raise bad_option(f"--prefix-tokens: at least {BLOCK} (one block); --suffix-tokens: at least 1")
     positions = args.max_model_len = model_positions(args)
     if args.prefix_tokens + args.suffix_tokens >= positions:
-        raise ValueError(
+        raise bad_option(
             f"--prefix-tokens + --suffix-tokens: under {positions} (the model's max_model_len; "
             "--model bench-long: 32768)"
         )
@@ -160,7 +161,7 @@ def run(args: argparse.Namespace) -> ForkResult:
     try:  # raykv's own default and bounds for the option
         args.pending_max_wait_ms = RaykvConfig.from_dict(wait).pending_max_wait_ms
     except ValueError as e:
-        raise ValueError(f"--pending-max-wait-ms: {e}") from None
+        raise bad_option(f"--pending-max-wait-ms: {e}") from None
     configs = names_option("--configs", args.configs, CONFIGS)
     require_vllm()
     model, model_name = resolve_model(args)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, final
 
-from raykv.bench.common import Failed, machine, names_option, percentile, table, target, targets_table
+from raykv.bench.common import Failed, bad_option, machine, names_option, percentile, table, target, targets_table
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -479,9 +479,9 @@ def _check(args: argparse.Namespace) -> None:
     if args.capacity_concurrency is None:
         args.capacity_concurrency = 4 * args.replicas
     if args.replicas < 2:
-        raise ValueError("--replicas: at least 2 (the router chooses between replicas)")
+        raise bad_option("--replicas: at least 2 (the router chooses between replicas)")
     if args.load <= 0 or args.duration_s <= 0 or args.capacity_s <= 0 or not 0 <= args.kill_at < 1:
-        raise ValueError("--load, --duration-s, --capacity-s: above 0; --kill-at: in [0, 1)")
+        raise bad_option("--load, --duration-s, --capacity-s: above 0; --kill-at: in [0, 1)")
 
 
 def _prompts(model: str, args: argparse.Namespace) -> list[str]:

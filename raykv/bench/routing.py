@@ -43,6 +43,8 @@ from raykv.bench.common import (
     Failed,
     Tokenizer,
     as_json,
+    at_least,
+    bad_option,
     decode,
     machine,
     names_option,
@@ -118,13 +120,13 @@ def router_options(items: list[str]) -> dict[str, float]:
     for item in items:
         name, sep, value = item.partition("=")
         if not sep or name not in ROUTER_OPTIONS:
-            raise ValueError(
+            raise bad_option(
                 f"--router-option: {item!r} is not NAME=NUMBER with NAME one of {', '.join(ROUTER_OPTIONS)}"
             )
         try:
             out[name] = float(value)
         except ValueError:
-            raise ValueError(f"--router-option {name}: {value!r} is not a number") from None
+            raise bad_option(f"--router-option {name}: {value!r} is not a number") from None
     if "min_queue_gap" in out:
         out["min_queue_gap"] = int(out["min_queue_gap"])
     return out
@@ -257,7 +259,7 @@ def model_name(args: argparse.Namespace) -> str:
     """``--model``: 'bench', 'bench-long', 'tiny' or a model directory (``--tiny`` / ``--quick``: 'tiny')."""
     name = str(args.model or ("tiny" if args.tiny or args.quick else "bench"))
     if args.tiny and name != "tiny":
-        raise ValueError(f"--tiny and --model {args.model}: pick one")
+        raise bad_option(f"--tiny and --model {args.model}: pick one")
     return name
 
 
@@ -283,10 +285,10 @@ def model_positions(args: argparse.Namespace) -> int:
         return dimension(known[name], "max_position_embeddings")
     config = Path(name) / "config.json"
     if not config.is_file():
-        raise ValueError(f"--model {name}: not 'bench', 'bench-long', 'tiny', or a model directory with a config.json")
+        raise bad_option(f"--model {name}: not 'bench', 'bench-long', 'tiny', or a model directory with a config.json")
     positions = json.loads(config.read_text()).get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 1:
-        raise ValueError(f"--model {name}: its config.json has no max_position_embeddings")
+        raise bad_option(f"--model {name}: its config.json has no max_position_embeddings")
     return positions
 
 
@@ -296,7 +298,7 @@ def primary_chunks(args: argparse.Namespace) -> int:
 
     chunks = deployment_primary_chunks(ENGINE_BLOCKS) if args.primary_chunks is None else args.primary_chunks
     if chunks < 1:
-        raise ValueError(f"--primary-chunks: at least 1, got {chunks}")
+        raise bad_option(f"--primary-chunks: at least 1, got {chunks}")
     return chunks
 
 
@@ -308,11 +310,12 @@ def run(args: argparse.Namespace) -> RoutingResult:
     from raykv.demo.replicas import chunk_bytes
     from raykv.integrations.vllm import require_vllm
 
-    require_vllm()
     if args.quick:
         args.replicas, args.sessions, args.turns, args.concurrency = 2, 4, 2, 2
     if args.replicas < 2:
-        raise ValueError("--replicas: at least 2 (routing picks between replicas)")
+        raise bad_option("--replicas: at least 2 (routing picks between replicas)")
+    at_least(1, sessions=args.sessions, turns=args.turns, tenants=args.tenants, concurrency=args.concurrency)
+    require_vllm()
     chunks = primary_chunks(args)
     options = router_options(args.router_option)
     routers = names_option("--routers", args.routers, ROUTERS, allow_empty=True)

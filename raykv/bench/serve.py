@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, final
 from raykv.bench.common import (
     Failed,
     Tokenizer,
+    at_least,
+    bad_option,
     decode,
     machine,
     names_option,
@@ -246,7 +248,7 @@ def build_jobs(
     from raykv.demo.tiny_model import make_prompt_tokens
 
     if prompts and prefixes < 1:
-        raise ValueError(f"--prefixes: at least 1 with prompts, got {prefixes}")
+        raise bad_option(f"--prefixes: at least 1 with prompts, got {prefixes}")
 
     def text(n_tokens: int, s: int) -> str:
         return decode(tokenizer, make_prompt_tokens(n_tokens, s))
@@ -522,12 +524,11 @@ def run(args: argparse.Namespace) -> ServeResult:
     from raykv.demo.replicas import chunk_bytes
     from raykv.integrations.vllm import require_vllm
 
-    require_vllm()
     if args.quick:
         for key, value in QUICK.items():
             setattr(args, key, value)
-    if args.replicas < 1 or args.concurrency < 1 or args.output_tokens < 1:
-        raise ValueError("--replicas, --concurrency and --output-tokens: at least 1")
+    at_least(1, replicas=args.replicas, concurrency=args.concurrency, output_tokens=args.output_tokens)
+    require_vllm()
     names = _configs(args)
     chunks = primary_chunks(args)
     model, model_name = resolve_model(args)

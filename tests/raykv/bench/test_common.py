@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
-from raykv.bench.common import all_at_once
+import pytest
+
+from raykv.bench.common import above_zero, all_at_once, at_least, counts_option
+from raykv.core.validate import ArgumentError
 
 
 def test_all_at_once_releases_every_send_together_and_keeps_each_error() -> None:
@@ -27,3 +30,58 @@ def test_all_at_once_releases_every_send_together_and_keeps_each_error() -> None
     assert max(started) - min(started) < 0.15  # released by one barrier, not one after another
     assert time.monotonic() - t0 < 0.6  # the sends overlap
     assert all_at_once(send, []) == []
+
+
+def test_option_checks_name_the_option_and_what_is_allowed() -> None:
+    at_least(1, rounds=3, calls=None)  # None: not given
+    with pytest.raises(ArgumentError, match=r"^--io-threads: at least 1, got 0$"):
+        at_least(1, rounds=3, io_threads=0)
+    with pytest.raises(ArgumentError, match=r"^--agent-seconds: above 0, got -1.0$"):
+        above_zero(seconds=None, agent_seconds=-1.0)
+    with pytest.raises(ArgumentError, match=r"^--seconds: above 0, got nan$"):
+        above_zero(seconds=float("nan"))
+    assert counts_option("--batches", "1, 8,32") == [1, 8, 32]
+    assert counts_option("--keys", "2k", lambda s: int(s.rstrip("k")) * 1000) == [2000]
+    with pytest.raises(ArgumentError, match=r"^--batches: each at least 1, got 0$"):
+        counts_option("--batches", "4,0")
+    with pytest.raises(ArgumentError, match=r"^--shards: 'two' is not a count$"):
+        counts_option("--shards", "1,two")
+
+
+#: Bad options of every benchmark: each is refused before anything starts (no Ray, no vLLM).
+BAD_OPTIONS = [
+    ("dataplane", "--block-sizes", "0"),
+    ("dataplane", "--io-threads", "0"),
+    ("directory", "--shards", "1,x"),
+    ("directory", "--seconds", "-1"),
+    ("e2e", "--turns", "0"),
+    ("e2e", "--concurrency", "-1"),
+    ("e2e", "--rounds", "0"),
+    ("fork", "--forks", "1"),
+    ("fork", "--configs", "today,bogus"),
+    ("flood", "--replicas", "1"),
+    ("overload", "--replicas", "1"),
+    ("routing", "--sessions", "0"),
+    ("routing", "--concurrency", "0"),
+    ("routing", "--router-option", "nope=1"),
+    ("serve", "--concurrency", "0"),
+]
+
+
+@pytest.mark.parametrize(("bench", "option", "value"), BAD_OPTIONS)
+def test_a_bad_bench_option_is_bad_input_not_an_unexpected_error(capsys, bench, option, value) -> None:
+    """``raykv bench NAME --option BAD``: one line naming the option, exit code 2 (as for
+    any bad input), and nothing started: no "unexpected" error, no cluster."""
+    import ray
+
+    from raykv.ops.cli import main
+
+    was_up = ray.is_initialized()
+    t0 = time.monotonic()
+    rc = main(["bench", bench, option, value, "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, (rc, err)
+    assert err.startswith(f"raykv: error: {option}") and "\n" not in err, err
+    assert "unexpected" not in err
+    assert ray.is_initialized() == was_up
+    assert time.monotonic() - t0 < 30
