@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypedDict, TypeVar, final
 
-from raykv.core.validate import ArgumentError
+from raykv.core.validate import ArgumentError, int_arg, timeout_arg
 from raykv.core.wire import JsonValue, Report
 
 KiB = 1024
@@ -93,19 +93,19 @@ def bad_option(message: str) -> ArgumentError:
     return ArgumentError(option, allowed)
 
 
-def at_least(minimum: float, **options: float | None) -> None:
+def at_least(minimum: int, **options: int | None) -> None:
     """Each of ``options`` given (``--name`` spelled with underscores; None: not given)
-    is at least ``minimum``."""
+    is an int of at least ``minimum`` (``raykv.core.validate.int_arg``)."""
     for name, value in options.items():
-        if value is not None and not value >= minimum:
-            raise ArgumentError("--" + name.replace("_", "-"), f"at least {minimum}, got {value}")
+        if value is not None:
+            int_arg(_flag(name), value, minimum=minimum)
 
 
 def above_zero(**options: float | None) -> None:
-    """Each of ``options`` given (``--name`` spelled with underscores; None: not given) is above 0."""
+    """Each of ``options`` given (``--name`` spelled with underscores; None: not given) is a
+    finite number of seconds above 0 (``raykv.core.validate.timeout_arg``)."""
     for name, value in options.items():
-        if value is not None and not value > 0:
-            raise ArgumentError("--" + name.replace("_", "-"), f"above 0, got {value}")
+        timeout_arg(_flag(name), value)
 
 
 def counts_option(option: str, text: str, parse: Callable[[str], int] = int) -> list[int]:
@@ -116,10 +116,13 @@ def counts_option(option: str, text: str, parse: Callable[[str], int] = int) -> 
             value = parse(item.strip())
         except ValueError:
             raise ArgumentError(option, f"{item.strip()!r} is not a count") from None
-        if value < 1:
-            raise ArgumentError(option, f"each at least 1, got {value}")
-        out.append(value)
+        out.append(int_arg(option, value, minimum=1))
     return out
+
+
+def _flag(name: str) -> str:
+    """A Python keyword's command-line option: ``io_threads`` -> ``--io-threads``."""
+    return "--" + name.replace("_", "-")
 
 
 def target(name: str, value: float | None, threshold: float, higher_is_better: bool = True, detail: str = "") -> Report:

@@ -51,7 +51,6 @@ from ray.actor import ActorHandle
 from raykv.bench.common import (
     as_json,
     at_least,
-    bad_option,
     machine,
     median,
     names_option,
@@ -180,26 +179,23 @@ def run(args: argparse.Namespace) -> Report:
 
     if args.quick:
         args.replicas, args.sessions, args.turns = 2, 3, 2
-    at_least(1, replicas=args.replicas, sessions=args.sessions, turns=args.turns)
+    rounds = getattr(args, "rounds", 1)
+    concurrency = getattr(args, "concurrency", None)  # 0: one request at a time
+    output_tokens = getattr(args, "output_tokens", REPLY_TOKENS)
+    at_least(
+        1, replicas=args.replicas, sessions=args.sessions, turns=args.turns, rounds=rounds, output_tokens=output_tokens
+    )
+    at_least(0, concurrency=concurrency)
     require_vllm()
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
-    rounds = getattr(args, "rounds", 1)
-    if rounds < 1:
-        raise bad_option(f"--rounds: must be >= 1, got {rounds}")
     tiny = getattr(args, "tiny", False)
     model = args.model or (build_tiny_model() if tiny else build_bench_model())
     model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)
-    concurrency = getattr(args, "concurrency", None)
-    if concurrency is not None and concurrency < 0:
-        raise bad_option(f"--concurrency: at least 0 (0: one request at a time), got {concurrency}")
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)
     oracle = sum(oracle_per_request)
     prompt_tokens = sum(len(r.prompt_token_ids) for r in trace)
-    output_tokens = getattr(args, "output_tokens", REPLY_TOKENS)
-    if output_tokens < 1:
-        raise bad_option(f"--output-tokens: must be >= 1, got {output_tokens}")
     kw = engine_kwargs(model_len_for(trace, BLOCK_TOKENS, output_tokens=output_tokens), ENGINE_BLOCKS)
     chunk = chunk_bytes(model)
     info = machine()

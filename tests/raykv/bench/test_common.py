@@ -34,15 +34,15 @@ def test_all_at_once_releases_every_send_together_and_keeps_each_error() -> None
 
 def test_option_checks_name_the_option_and_what_is_allowed() -> None:
     at_least(1, rounds=3, calls=None)  # None: not given
-    with pytest.raises(ArgumentError, match=r"^--io-threads: at least 1, got 0$"):
+    with pytest.raises(ArgumentError, match=r"^--io-threads: must be >= 1, got 0$"):
         at_least(1, rounds=3, io_threads=0)
-    with pytest.raises(ArgumentError, match=r"^--agent-seconds: above 0, got -1.0$"):
+    with pytest.raises(ArgumentError, match=r"^--agent-seconds: must be a finite number of seconds > 0, got -1.0$"):
         above_zero(seconds=None, agent_seconds=-1.0)
-    with pytest.raises(ArgumentError, match=r"^--seconds: above 0, got nan$"):
+    with pytest.raises(ArgumentError, match=r"^--seconds: must be a finite number of seconds > 0, got nan$"):
         above_zero(seconds=float("nan"))
     assert counts_option("--batches", "1, 8,32") == [1, 8, 32]
     assert counts_option("--keys", "2k", lambda s: int(s.rstrip("k")) * 1000) == [2000]
-    with pytest.raises(ArgumentError, match=r"^--batches: each at least 1, got 0$"):
+    with pytest.raises(ArgumentError, match=r"^--batches: must be >= 1, got 0$"):
         counts_option("--batches", "4,0")
     with pytest.raises(ArgumentError, match=r"^--shards: 'two' is not a count$"):
         counts_option("--shards", "1,two")
