@@ -274,12 +274,13 @@ class DirectoryBackedTier(SecondaryTier):
         for job in self.jobs.pending():  # never leave a job without a result
             self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
 
-    def note_stored(self, keys: list[bytes], holder: HolderInfo) -> None:
-        """``holder`` now holds ``keys`` (scoped), stored by this process: the
-        process's answers say so, and pending entries of them end."""
+    def note_stored(self, keys: list[bytes], holder: HolderInfo, submitted: float | None = None) -> None:
+        """``holder`` now holds ``keys`` (scoped), stored by this process from a job
+        submitted at ``submitted`` (monotonic s, when known): the process's answers
+        say so, and pending entries of them end."""
         self._cache.note_stored(keys, holder)
         if self._pending is not None:
-            self._pending.book.stored(keys)
+            self._pending.book.stored(keys, submitted)
 
     def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
         """A submitted job's validated, identity-scoped keys and its chunk ids
@@ -376,7 +377,7 @@ class ActorCallTier(DirectoryBackedTier):
             if answer.error:
                 self.jobs.fail(job, f"{self.tier_type} store failed: {answer.error}")
             else:
-                self.note_stored(keys, self.holder_info)
+                self.note_stored(keys, self.holder_info, job.submit_time)
                 self.jobs.succeed(job, transfer_bytes=answer.bytes)
             return
         errors = answer.errors

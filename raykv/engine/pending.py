@@ -27,11 +27,17 @@ comes, for at most ``claim_budget_s`` (counted ``claim``). The shard serialises
 claims: one engine is first and computes; the others withdraw their entries
 and wait for its copy (counted ``yield``).
 
-Only blocks that take at least 20 of this process's claims' round trips to
-compute are listed and claimed (``listing_pays``). Fewer (a short chat turn on
-a fast engine) are computed as without pending entries (counted ``short``):
-holding back for the claim would cost the request more than a twentieth of its
-compute, and listing them costs the directory more than a burst could save.
+Only blocks whose prefill takes at least 20 of this process's claims' round
+trips are listed and claimed (``listing_pays``). Fewer (a chat turn's new part)
+are computed as without pending entries (counted ``short``): holding back for
+the claim would cost the request more than a twentieth of its prefill, and
+listing them costs the directory more than a burst could save. Both numbers
+are lower medians of this process's latest ``SAMPLES`` measurements: the
+prefill (``prefill_s_per_block``) timed from the request's release (its claim
+answered) to the job that hands its computed blocks to the tier, and a claim's
+round trip. An engine's start-up and its queues, which the compute estimate
+above carries, would list every chat turn; a burst's slow round trips would
+stop listing the burst's prefix.
 
 Everything here is bookkeeping in this process: no call waits.
 """
@@ -45,6 +51,7 @@ import sys
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import ModuleType
@@ -84,13 +91,16 @@ ANSWER_SHARE = 0.1
 CLAIM_SHARE = 0.25
 MIN_CLAIM_S = 0.1
 #: A request lists the blocks it computes (and claims them) only when a claim's round trip
-#: is at most this share of their compute time, so that holding back for the claim costs it
-#: at most about this share of its compute. Listing also costs the directory a registration,
-#: an end and a change in every node's view per request, while only a request whose prefix
-#: another engine gets at the same time gains. Blocks that compute in less than 20 round
-#: trips (a short chat turn on a fast engine) are computed as without pending entries
-#: (counted ``short``); a long new prefix (a fork's context, a new document) is listed and claimed.
+#: is at most this share of their prefill time, so that holding back for the claim costs it
+#: about this share of its prefill (up to a few times more: the hold ends at a step).
+#: Listing also costs the directory a registration, an end and a change in every node's
+#: view per request, while only a request whose prefix another engine gets at the same
+#: time gains. Blocks that prefill in less than 20 round trips (a chat turn's new part)
+#: are computed as without pending entries (counted ``short``); a long new prefix (a
+#: fork's context, a new document) is listed and claimed.
 LISTING_PAYS_SHARE = 0.05
+#: How many of the latest measurements the prefill and round-trip estimates are the lower median of.
+SAMPLES = 15
 #: Weight of the newest sample in the running estimates.
 EWMA = 0.3
 #: Most announced keys remembered for timing (oldest dropped first).
@@ -122,12 +132,14 @@ class PendingBook:
         self._actor: ActorHandle | None = None
         self._lock = threading.Lock()
         #: pending key -> (when announced, its place in its request's announcement (1-based),
-        #: whether it was listed in the directory)
-        self._timed: dict[bytes, tuple[float, int, bool]] = {}
+        #: whether it was listed in the directory, when its request was released to compute it)
+        self._timed: dict[bytes, tuple[float, int, bool, float]] = {}
         self.compute_s_per_block: float | None = None
+        #: The prefill alone, per block (``SAMPLES``; None: not measured yet).
+        self._prefill = LowerMedian(SAMPLES)
         self.load_s_per_block: float | None = None
-        #: How long this process's claims take to be answered (smoothed; None: none yet).
-        self.claim_rtt_s: float | None = None
+        #: How long this process's claims take to be answered (``SAMPLES``; None: none yet).
+        self._claim_rtt = LowerMedian(SAMPLES)
         self.counts: dict[str, int] = dict.fromkeys(DECISIONS, 0)
         self._unflushed: dict[str, int] = dict.fromkeys(DECISIONS, 0)
         #: The process's live requests and those held back this step: a CPU engine's idle steps pause.
@@ -159,17 +171,28 @@ class PendingBook:
 
     def listing_pays(self, blocks: int) -> bool:
         """Whether a request that computes ``blocks`` blocks should list them as pending
-        and claim them: yes until both its compute time and a claim's round trip are
+        and claim them: yes until both their prefill time and a claim's round trip are
         measured, then only while the round trip is at most ``LISTING_PAYS_SHARE`` of the
-        blocks' compute time."""
-        if self.compute_s_per_block is None or self.claim_rtt_s is None:
+        blocks' prefill time."""
+        if self.prefill_s_per_block is None or self.claim_rtt_s is None:
             return True
-        return self.claim_rtt_s <= LISTING_PAYS_SHARE * self.compute_s_per_block * blocks
+        return self.claim_rtt_s <= LISTING_PAYS_SHARE * self.prefill_s_per_block * blocks
 
     def observe_claim(self, seconds: float) -> None:
         """One claim answered ``seconds`` after it was sent."""
         if seconds >= 0:
-            self.claim_rtt_s = _ewma(self.claim_rtt_s, seconds)
+            with self._lock:
+                self._claim_rtt.add(seconds)
+
+    @property
+    def prefill_s_per_block(self) -> float | None:
+        """This process's prefill time per block (None: not measured yet)."""
+        return self._prefill.value
+
+    @property
+    def claim_rtt_s(self) -> float | None:
+        """How long this process's claims take to be answered (None: none answered yet)."""
+        return self._claim_rtt.value
 
     def deadline_s(self, blocks: int) -> float:
         """How long an announcement of ``blocks`` blocks stays listed at most."""
@@ -197,7 +220,7 @@ class PendingBook:
         now = self._clock()
         with self._lock:
             for i, pk in enumerate(pks, 1):
-                self._timed[pk] = (now, i, listed)
+                self._timed[pk] = (now, i, listed, now)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
         self.count("announce" if listed else "short")
@@ -205,23 +228,41 @@ class PendingBook:
         if actor is not None:
             actor.announce.remote(pks, self.deadline_s(len(pks)))
 
-    def stored(self, keys: Sequence[bytes]) -> None:
-        """Blocks of ``keys`` (scoped tier keys) stored: their entries end, and
-        the time since their announcement updates the compute estimate."""
+    def released(self, keys: Sequence[bytes]) -> None:
+        """The request that announced ``keys`` (scoped tier keys) stops holding back for
+        its claim and computes them now: their prefill is timed from here."""
+        now = self._clock()
+        with self._lock:
+            for k in keys:
+                pk = pending_key(k)
+                seen = self._timed.get(pk)
+                if seen is not None:
+                    self._timed[pk] = (seen[0], seen[1], seen[2], now)
+
+    def stored(self, keys: Sequence[bytes], submitted: float | None = None) -> None:
+        """Blocks of ``keys`` (scoped tier keys) stored, handed to the tier at ``submitted``
+        (monotonic s; None: not known): their entries end, the time since their
+        announcement updates the compute estimate, and the time from their request's
+        release to ``submitted`` the prefill estimate."""
         now = self._clock()
         done: list[bytes] = []
         per_block: list[float] = []
+        prefill: list[float] = []
         with self._lock:
             for k in keys:
                 pk = pending_key(k)
                 seen = self._timed.pop(pk, None)
                 if seen is not None:
                     per_block.append((now - seen[0]) / seen[1])
+                    if submitted is not None and submitted > seen[3]:
+                        prefill.append((submitted - seen[3]) / seen[1])
                     if seen[2]:
                         done.append(pk)
+            if prefill:
+                # the block announced last in a store's batch is the one its request waited longest for
+                self._prefill.add(min(prefill))
         if not per_block:
             return
-        # the block announced last in a store's batch is the one its request waited longest for
         self.compute_s_per_block = _ewma(self.compute_s_per_block, min(per_block))
         actor = self._handle()
         if actor is not None and done:
@@ -445,21 +486,23 @@ class ComputeOnce:
         claim, until = req_context.pending_claim, req_context.pending_claim_until
         if claim is None or until is None:
             return False
+        book = self.book
         if not claim.done():
             if now < until:
                 return True
             req_context.pending_claim = req_context.pending_claim_until = None
             logger.debug("raykv: %s: no answer to its claim in time: computes", req_context.req_id)
+            book.released(req_context.pending_keys)
             return False
         req_context.pending_claim = req_context.pending_claim_until = None
         try:
             first = claim.result() <= 0  # (-1: its holder not known to the shard yet)
         except Exception as e:  # noqa: BLE001 - the shard is down: compute
             logger.debug("raykv: %s: claim failed: %r", req_context.req_id, e)
-            return False
+            first = True
         if first:
+            book.released(req_context.pending_keys)
             return False
-        book = self.book
         blocks = len(req_context.pending_keys)
         wait_s = book.decide(blocks)
         logger.debug(
@@ -469,6 +512,7 @@ class ComputeOnce:
             f"waits up to {wait_s:.3f} s" if wait_s > 0 else "computes them too",
         )
         if wait_s <= 0:
+            book.released(req_context.pending_keys)
             return False
         book.withdraw(req_context.pending_keys)
         req_context.pending_keys = ()
@@ -511,18 +555,20 @@ class ComputeOnce:
             keys = [k for k in scoped[scoped.index(key) :] if not self._answers.get(k)]
         req_context.pending_announced = True
         if not self.book.listing_pays(len(keys)):
-            self.book.announce(keys, listed=False)  # timed, for the compute estimate
+            self.book.announce(keys, listed=False)  # timed, for the estimates
             logger.debug(
-                "raykv: %s computes %d blocks, too few to list as pending (a claim's round trip: %s s)",
+                "raykv: %s computes %d blocks, too few to list (prefill %s s/block, a claim's round trip %s s)",
                 req_context.req_id,
                 len(keys),
+                self.book.prefill_s_per_block,
                 self.book.claim_rtt_s,
             )
             return
         logger.debug(
-            "raykv: %s lists %d blocks as pending (compute %s s/block, a claim's round trip %s s)",
+            "raykv: %s lists %d blocks as pending (prefill %s s/block, compute %s s/block, a claim's round trip %s s)",
             req_context.req_id,
             len(keys),
+            self.book.prefill_s_per_block,
             self.book.compute_s_per_block,
             self.book.claim_rtt_s,
         )
@@ -594,6 +640,30 @@ def _cpu_engine() -> bool:
 @functools.cache
 def _no_cuda(torch: ModuleType) -> bool:
     return not torch.cuda.is_available()
+
+
+class LowerMedian:
+    """The lower median of the latest ``window`` samples: a few slow ones (a start-up,
+    a queue) do not move it, and it follows the samples once most of them change."""
+
+    def __init__(self, window: int) -> None:
+        self._samples: deque[float] = deque(maxlen=window)
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self._samples.append(sample)
+        ordered = sorted(self._samples)
+        self.value = ordered[(len(ordered) - 1) // 2]
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def set(self, value: float | None) -> None:
+        """Forget the samples; ``value`` stands for them (None: not measured)."""
+        self._samples.clear()
+        if value is not None:
+            self._samples.append(value)
+        self.value = value
 
 
 def _ewma(old: float | None, sample: float) -> float:

@@ -244,7 +244,7 @@ class FsTier(DirectoryBackedTier):
             self._cache.invalidate(list(evicted), "fs")
         held = [state.keys[i] for i in committed if state.keys[i] not in evicted and state.keys[i] not in missing]
         if held:
-            self.note_stored(held, self.holder_info)
+            self.note_stored(held, self.holder_info, state.job.submit_time)
         for i in committed:
             if state.keys[i] in missing:
                 state.outcomes[i] = Outcome(ERROR, detail="file evicted while committing")

@@ -78,23 +78,62 @@ def test_a_claim_holds_back_a_share_of_the_compute() -> None:
     assert book.claim_budget_s(1000) == 5.0  # never past the longest wait
 
 
-def test_blocks_are_listed_only_when_they_take_20_round_trips_to_compute() -> None:
+def test_blocks_are_listed_only_when_their_prefill_takes_20_round_trips() -> None:
     book, clock = _book()
-    book.observe_claim(0.02)
-    assert book.listing_pays(2)  # compute not measured: list
+    assert book.listing_pays(2)  # nothing measured: list
     keys = prefix_keys(list(range(4 * 16)), 16)
     book.announce(keys)
+    clock.now += 0.1
+    book.released(keys)  # its claim answered: it computes from here
     clock.now += 0.4
-    book.stored(keys)  # 0.1 s per block
-    book.claim_rtt_s = None
+    book.stored(keys, submitted=clock.now - 0.04)  # handed to the tier 0.36 s after its release
+    assert book.prefill_s_per_block == pytest.approx(0.09)  # 0.36 s / 4
+    assert book.compute_s_per_block == pytest.approx(0.125)  # 0.5 s from announcing to the store / 4
     assert book.listing_pays(2)  # no claim's round trip measured yet: list
     book.observe_claim(0.02)
-    assert not book.listing_pays(2)  # 0.2 s of compute, a 20 ms round trip: 10%
-    assert book.listing_pays(4)  # 0.4 s: 5%
-    book.observe_claim(0.22)  # smoothed: 0.7 * 0.02 + 0.3 * 0.22 = 0.08
-    assert book.claim_rtt_s == pytest.approx(0.08)
-    assert book.listing_pays(16) and not book.listing_pays(15)
+    assert not book.listing_pays(4)  # 0.36 s of prefill, a 20 ms round trip: 5.6%
+    assert book.listing_pays(5)  # 0.45 s: 4.4%
+    book.observe_claim(0.5)  # one slow answer (a loaded shard) does not stop the listings
+    assert book.claim_rtt_s == pytest.approx(0.02)
+    assert book.listing_pays(5)
+    book.observe_claim(0.04)  # most answers take 40 ms now: the lower median follows
+    assert book.claim_rtt_s == pytest.approx(0.04)
+    assert book.listing_pays(9) and not book.listing_pays(8)
     assert LISTING_PAYS_SHARE == 0.05
+
+
+def test_the_prefill_estimate_is_a_lower_median_past_start_up() -> None:
+    """An engine's first requests take seconds a block (its start-up), a request queued
+    behind others takes longer: neither moves the estimate once most requests are quick."""
+    book, clock = _book()
+
+    def prefill(n: int, seconds: float) -> None:
+        keys = prefix_keys(list(range(clock.counter, clock.counter + n * 16)), 16)
+        clock.counter += n * 16
+        book.announce(keys, listed=False)
+        clock.now += seconds
+        book.stored(keys, submitted=clock.now)
+
+    clock.counter = 0  # type: ignore[attr-defined]
+    prefill(2, 8.0)  # start-up: 4 s a block
+    assert book.prefill_s_per_block == pytest.approx(4.0)
+    prefill(2, 0.04)
+    assert book.prefill_s_per_block == pytest.approx(0.02)  # the lower of the two
+    prefill(1, 0.5)  # queued behind a long prefill
+    prefill(3, 0.06)
+    assert book.prefill_s_per_block == pytest.approx(0.02)
+    assert book.compute_s_per_block > 1.0  # the compute estimate carries the start-up
+    for _ in range(20):  # the window moves on: the oldest timings drop out
+        prefill(1, 0.03)
+    assert book.prefill_s_per_block == pytest.approx(0.03)
+    # a store without its job's submission time, or handed over before the release, times no prefill
+    keys = prefix_keys(list(range(90_000, 90_000 + 16)), 16)
+    book.announce(keys, listed=False)
+    book.stored(keys)
+    keys = prefix_keys(list(range(91_000, 91_000 + 16)), 16)
+    book.announce(keys, listed=False)
+    book.stored(keys, submitted=clock.now - 1.0)
+    assert book.prefill_s_per_block == pytest.approx(0.03)
 
 
 def test_blocks_not_listed_are_still_timed() -> None:
@@ -159,17 +198,19 @@ class Engine:
         self.tier._pending.book.stored([self.tier.scope(k) for k in keys])
 
     def measured(self, compute_s_per_block: float, claim_rtt_s: float | None = None) -> None:
-        """Give this process a measured compute time (as earlier stores would), and
-        optionally a claim's round trip (as earlier claims would), once its pending
-        holder is up (as an engine's is by its first request)."""
+        """Give this process a measured compute time, all of it prefill (as earlier
+        stores would), and optionally a claim's round trip (as earlier claims would),
+        once its pending holder is up (as an engine's is by its first request)."""
         book = self.tier._pending.book
         book.compute_s_per_block = compute_s_per_block
+        book._prefill.set(compute_s_per_block)
         if claim_rtt_s is not None:
-            book.claim_rtt_s = claim_rtt_s
+            book._claim_rtt.set(claim_rtt_s)
         ray.get(book._handle().ready.remote(), timeout=30)
 
-    def claim_rtt_s(self) -> float | None:
-        return self.tier._pending.book.claim_rtt_s
+    def claims_timed(self) -> int:
+        """How many claims' round trips this process's estimate holds."""
+        return len(self.tier._pending.book._claim_rtt)
 
     def decisions(self) -> dict[str, int]:
         rule = self.tier._pending
@@ -327,15 +368,15 @@ def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
 
 
 def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
-    """A request whose blocks compute in less than 20 claims' round trips (a short
-    chat turn on a fast engine) computes them as without pending entries: its first
+    """A request whose blocks prefill in less than 20 claims' round trips (a chat
+    turn's new part) computes them as without pending entries: its first
     lookup answers MISS, nothing is listed or claimed. A long prefix on the same
     engine is listed and claimed."""
     a = Engine.remote("raykv-pending")
     few = prefix_keys(list(range(46_000, 46_000 + 2 * 16)), 16)
     many = prefix_keys(list(range(47_000, 47_000 + 6 * 16)), 16)
     try:
-        # 2 blocks at 0.1 s: 0.2 s of compute against a claim's 20 ms round trip (10%)
+        # 2 blocks at 0.1 s: 0.2 s of prefill against a claim's 20 ms round trip (10%)
         ray.get(a.measured.remote(0.1, claim_rtt_s=0.02))
         answers, _ = _settled(a, few, "a-few")
         assert answers == ["MISS"]
@@ -349,7 +390,7 @@ def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
         counts = ray.get(a.decisions.remote())
         assert counts["announce"] == 1 and counts["claim"] == 1, counts
         wait_until(lambda: all(_pending_holders(services, many)), timeout_s=10, what="the long prefix's entries")
-        wait_until(lambda: ray.get(a.claim_rtt_s.remote()) != 0.02, timeout_s=10, what="the claim's round trip")
+        wait_until(lambda: ray.get(a.claims_timed.remote()) == 2, timeout_s=10, what="the claim's round trip")
         assert ray.get(a.store.remote(few)) and ray.get(a.store.remote(many))
     finally:
         ray.get(a.close.remote())
