@@ -27,11 +27,12 @@ comes, for at most ``claim_budget_s`` (counted ``claim``). The shard serialises
 claims: one engine is first and computes; the others withdraw their entries
 and wait for its copy (counted ``yield``).
 
-Only blocks whose prefill takes at least 20 of this process's claims' round
+Only blocks whose prefill takes at least 40 of this process's claims' round
 trips are listed and claimed (``listing_pays``). Fewer (a chat turn's new part)
 are computed as without pending entries (counted ``short``): holding back for
-the claim would cost the request more than a twentieth of its prefill, and
-listing them costs the directory more than a burst could save. Both numbers
+the claim (about two round trips: it ends at a step) would cost the request
+more than a twentieth of its prefill, and listing them costs the directory
+more than a burst could save. Both numbers
 are lower medians of this process's latest ``SAMPLES`` measurements: the
 prefill (``prefill_s_per_block``) timed from the request's release (its claim
 answered) to the job that hands its computed blocks to the tier, and a claim's
@@ -91,14 +92,15 @@ ANSWER_SHARE = 0.1
 CLAIM_SHARE = 0.25
 MIN_CLAIM_S = 0.1
 #: A request lists the blocks it computes (and claims them) only when a claim's round trip
-#: is at most this share of their prefill time, so that holding back for the claim costs it
-#: about this share of its prefill (up to a few times more: the hold ends at a step).
-#: Listing also costs the directory a registration, an end and a change in every node's
-#: view per request, while only a request whose prefix another engine gets at the same
-#: time gains. Blocks that prefill in less than 20 round trips (a chat turn's new part)
-#: are computed as without pending entries (counted ``short``); a long new prefix (a
-#: fork's context, a new document) is listed and claimed.
-LISTING_PAYS_SHARE = 0.05
+#: is at most this share of their prefill time. Holding back for the claim costs about two
+#: round trips (it ends at the step after the answer: 17-45 ms for answers of 7-31 ms on a
+#: loaded 2-core host), so about a twentieth of the prefill. Listing also costs the
+#: directory a registration, an end and a change in every node's view per request, while
+#: only a request whose prefix another engine gets at the same time gains. Blocks that
+#: prefill in less than 40 round trips (a chat turn's new part) are computed as without
+#: pending entries (counted ``short``); a long new prefix (a fork's context, a new
+#: document) is listed and claimed.
+LISTING_PAYS_SHARE = 0.025
 #: How many of the latest measurements the prefill and round-trip estimates are the lower median of.
 SAMPLES = 15
 #: Weight of the newest sample in the running estimates.

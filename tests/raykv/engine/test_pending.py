@@ -78,7 +78,7 @@ def test_a_claim_holds_back_a_share_of_the_compute() -> None:
     assert book.claim_budget_s(1000) == 5.0  # never past the longest wait
 
 
-def test_blocks_are_listed_only_when_their_prefill_takes_20_round_trips() -> None:
+def test_blocks_are_listed_only_when_their_prefill_takes_40_round_trips() -> None:
     book, clock = _book()
     assert book.listing_pays(2)  # nothing measured: list
     keys = prefix_keys(list(range(4 * 16)), 16)
@@ -91,15 +91,15 @@ def test_blocks_are_listed_only_when_their_prefill_takes_20_round_trips() -> Non
     assert book.compute_s_per_block == pytest.approx(0.125)  # 0.5 s from announcing to the store / 4
     assert book.listing_pays(2)  # no claim's round trip measured yet: list
     book.observe_claim(0.02)
-    assert not book.listing_pays(4)  # 0.36 s of prefill, a 20 ms round trip: 5.6%
-    assert book.listing_pays(5)  # 0.45 s: 4.4%
+    assert not book.listing_pays(8)  # 0.72 s of prefill, a 20 ms round trip: 2.8%
+    assert book.listing_pays(9)  # 0.81 s: 2.5%
     book.observe_claim(0.5)  # one slow answer (a loaded shard) does not stop the listings
     assert book.claim_rtt_s == pytest.approx(0.02)
-    assert book.listing_pays(5)
+    assert book.listing_pays(9)
     book.observe_claim(0.04)  # most answers take 40 ms now: the lower median follows
     assert book.claim_rtt_s == pytest.approx(0.04)
-    assert book.listing_pays(9) and not book.listing_pays(8)
-    assert LISTING_PAYS_SHARE == 0.05
+    assert book.listing_pays(18) and not book.listing_pays(17)
+    assert LISTING_PAYS_SHARE == 0.025
 
 
 def test_the_prefill_estimate_is_a_lower_median_past_start_up() -> None:
@@ -368,7 +368,7 @@ def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
 
 
 def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
-    """A request whose blocks prefill in less than 20 claims' round trips (a chat
+    """A request whose blocks prefill in less than 40 claims' round trips (a chat
     turn's new part) computes them as without pending entries: its first
     lookup answers MISS, nothing is listed or claimed. A long prefix on the same
     engine is listed and claimed."""
