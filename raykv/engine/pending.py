@@ -484,35 +484,16 @@ class ComputeOnce:
         """Whether the request, which announced blocks, holds back another step: until
         its claim on the first of them is answered (at most its claim budget). When
         another engine claimed it first, the request withdraws its entries and waits
-        for that engine's copy (``decide``)."""
+        for that engine's copy (``decide``). Otherwise it computes them from now
+        (``PendingBook.released``)."""
         claim, until = req_context.pending_claim, req_context.pending_claim_until
         if claim is None or until is None:
             return False
-        book = self.book
-        if not claim.done():
-            if now < until:
-                return True
-            req_context.pending_claim = req_context.pending_claim_until = None
-            logger.debug("raykv: %s: no answer to its claim in time: computes", req_context.req_id)
-            book.released(req_context.pending_keys)
-            return False
+        if not claim.done() and now < until:
+            return True
         req_context.pending_claim = req_context.pending_claim_until = None
-        try:
-            first = claim.result() <= 0  # (-1: its holder not known to the shard yet)
-        except Exception as e:  # noqa: BLE001 - the shard is down: compute
-            logger.debug("raykv: %s: claim failed: %r", req_context.req_id, e)
-            first = True
-        if first:
-            book.released(req_context.pending_keys)
-            return False
-        blocks = len(req_context.pending_keys)
-        wait_s = book.decide(blocks)
-        logger.debug(
-            "raykv: %s: another engine claimed its %d blocks first: %s",
-            req_context.req_id,
-            blocks,
-            f"waits up to {wait_s:.3f} s" if wait_s > 0 else "computes them too",
-        )
+        book = self.book
+        wait_s = self._claim_wait(req_context, claim)
         if wait_s <= 0:
             book.released(req_context.pending_keys)
             return False
@@ -523,6 +504,29 @@ class ComputeOnce:
         req_context.pending_wait_until = now + wait_s
         req_context.pending_wait_live_until = now + book.max_wait_s
         return True
+
+    def _claim_wait(self, req_context: ReqContext, claim: Future[int]) -> float:
+        """How long the request waits for another engine's copy, by its claim's answer
+        (0: it computes its blocks: it was first, or the answer is missing or late)."""
+        if not claim.done():
+            logger.debug("raykv: %s: no answer to its claim in time: computes", req_context.req_id)
+            return 0.0
+        try:
+            first = claim.result() <= 0  # (-1: its holder not known to the shard yet)
+        except Exception as e:  # noqa: BLE001 - the shard is down: compute
+            logger.debug("raykv: %s: claim failed: %r", req_context.req_id, e)
+            return 0.0
+        if first:
+            return 0.0
+        blocks = len(req_context.pending_keys)
+        wait_s = self.book.decide(blocks)
+        logger.debug(
+            "raykv: %s: another engine claimed its %d blocks first: %s",
+            req_context.req_id,
+            blocks,
+            f"waits up to {wait_s:.3f} s" if wait_s > 0 else "computes them too",
+        )
+        return wait_s
 
     def _computing(self, key: bytes, req_context: ReqContext) -> bool:
         """Whether another engine has ``key``, or one of the request's next blocks
