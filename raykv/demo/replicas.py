@@ -84,6 +84,13 @@ class EngineReplica:
     def ready(self) -> ReplicaReady:
         return ReplicaReady(node_id=ray.get_runtime_context().get_node_id(), load_s=self.load_s, pid=os.getpid())
 
+    def raykv_started(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the actors raykv started for this engine run (``pending.wait_started``):
+        part of a warm-up, as an engine's first request is. True: they run (or there are none)."""
+        from raykv.engine.pending import wait_started
+
+        return wait_started(timeout_s)
+
     def generate(
         self,
         prompt_token_ids: list[int],
@@ -322,6 +329,8 @@ def run_trace(
         ray.get([r.ready.remote() for r in replicas], timeout=600)
         # The first request of an engine pays one-off kernel set-up: not timed.
         ray.get([r.generate.remote(make_prompt_tokens(200, 999 + i)) for i, r in enumerate(replicas)], timeout=600)
+        # So does the start of raykv's per-engine actors (a worker process each: a CPU second or so).
+        ray.get([r.raykv_started.remote() for r in replicas], timeout=600)
         progress.set_description(f"{name}: {len(trace)} requests")
         if before is not None:
             before(replicas)

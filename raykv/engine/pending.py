@@ -58,6 +58,7 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import cast
 
+from ray import ObjectRef
 from ray.actor import ActorClass, ActorHandle
 
 from raykv.core.contract import LookupResult, ReqContext
@@ -617,6 +618,22 @@ def pending_book(services: RaykvServices) -> PendingBook | None:
             )
             book.start()  # now, not at the first announcement: the actor takes a second or so to start
         return book
+
+
+def wait_started(timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` until the ``PendingActor`` of each of this process's books runs. A deployment
+    pays an actor's start once per engine (a worker process: about a CPU second); a
+    benchmark's warm-up waits for it, so that a trace of a few seconds right after the
+    engines start does not time it. True: every one runs (or the process has none)."""
+    import ray
+
+    with _books_lock:
+        actors = [book._actor for book in _books.values() if book._actor is not None]
+    if not actors:
+        return True
+    probes: list[ObjectRef[object]] = [actor.ready.remote() for actor in actors]
+    done, _ = ray.wait(probes, num_returns=len(probes), timeout=timeout_s)
+    return len(done) == len(probes)
 
 
 def decisions_so_far(services: RaykvServices) -> dict[str, int]:

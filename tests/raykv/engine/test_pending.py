@@ -19,7 +19,17 @@ from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.identity import DEFAULT_IDENTITY, KVIdentity, scoped_keys
 from raykv.core.keys import PENDING_GROUP, pending_key, prefix_keys
 from raykv.core.wire import PENDING
-from raykv.engine.pending import CLAIM_SHARE, LISTING_PAYS_SHARE, MIN_CLAIM_S, WAIT_FACTOR, WAIT_SLACK_S, PendingBook
+from raykv.engine.pending import (
+    CLAIM_SHARE,
+    LISTING_PAYS_SHARE,
+    MIN_CLAIM_S,
+    WAIT_FACTOR,
+    WAIT_SLACK_S,
+    PendingBook,
+    _books,
+    pending_book,
+    wait_started,
+)
 from tests.waiting import wait_until
 
 BLOCK = 4096
@@ -365,6 +375,23 @@ def test_two_engines_that_announce_at_once_compute_it_once(services) -> None:
         assert ray.get(waits.decisions.remote())["loaded"] == 1
     finally:
         ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_a_warm_up_waits_until_the_pending_holder_runs(services) -> None:
+    """A book starts its holder at once (a worker process: about a CPU second), not at
+    its first listing; ``wait_started`` returns once it runs, so that a warm-up keeps
+    that start out of a trace's timings. A process without a book has nothing to wait for."""
+    assert wait_started(10.0)  # this (driver) process has no book yet
+    book = pending_book(services)
+    assert book is not None and book._actor is not None  # started with the book
+    try:
+        assert not wait_started(0.0)  # a worker process does not start in no time
+        assert wait_started(60.0)
+        done, _ = ray.wait([book._actor.ready.remote()], timeout=1.0)
+        assert done  # it runs: no start left to wait for
+    finally:
+        ray.kill(book._actor)
+        _books.pop(services, None)
 
 
 def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
