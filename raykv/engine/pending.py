@@ -58,7 +58,7 @@ from concurrent.futures import Future
 from types import ModuleType
 from typing import cast
 
-from ray import ObjectRef
+import ray
 from ray.actor import ActorClass, ActorHandle
 
 from raykv.core.contract import LookupResult, ReqContext
@@ -625,13 +625,11 @@ def wait_started(timeout_s: float) -> bool:
     pays an actor's start once per engine (a worker process: about a CPU second); a
     benchmark's warm-up waits for it, so that a trace of a few seconds right after the
     engines start does not time it. True: every one runs (or the process has none)."""
-    import ray
-
     with _books_lock:
         actors = [book._actor for book in _books.values() if book._actor is not None]
     if not actors:
         return True
-    probes: list[ObjectRef[object]] = [actor.ready.remote() for actor in actors]
+    probes: list[ray.ObjectRef[object]] = [actor.ready.remote() for actor in actors]
     done, _ = ray.wait(probes, num_returns=len(probes), timeout=timeout_s)
     return len(done) == len(probes)
 
