@@ -5,7 +5,8 @@ Engine processes (vLLM's engine core, Serve replicas) configure the ``vllm`` and
 decisions, lookup waits) are dropped there. Set ``RAYKV_LOG_LEVEL`` in the
 environment the processes inherit (``runtime_env.env_vars`` on a real cluster) and
 every process that imports raykv logs at that level to its stderr, which Ray
-keeps in the worker's log file.
+keeps in the worker's log file. ``raykv.serve.llm_config`` and the demo's replicas
+pass the deployer's own ``RAYKV_LOG_LEVEL`` on to the engines.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raykv.core.logs import LOG_LEVEL_ENV
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue
 from raykv.demo.engine_loop import LoopSteps
@@ -221,7 +222,7 @@ def start_replica(
 ) -> ActorHandle:
     """Start an ``EngineReplica`` actor on ``node_id``; returns its handle (not yet ready)."""
     env_vars = {**REPLICA_ENV, **(env or {})}
-    for var in ("PYTHONPATH", "HF_HUB_OFFLINE"):
+    for var in ("PYTHONPATH", "HF_HUB_OFFLINE", LOG_LEVEL_ENV):
         if var in os.environ:
             env_vars.setdefault(var, os.environ[var])
     # Threaded: concurrent requests reach the engine loop and share its steps.

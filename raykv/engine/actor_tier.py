@@ -221,6 +221,12 @@ class DirectoryBackedTier(SecondaryTier):
         spent = now - req_context.retry_since >= budget
         if spent:
             self.metrics.retry_budget_miss()
+            logger.debug(
+                "raykv: %s: no directory answer after %.0f ms of RETRY (budget %.0f ms): computes",
+                req_context.req_id,
+                (now - req_context.retry_since) * 1000,
+                budget * 1000,
+            )
         return spent
 
     def _resolve_prefix(self, key: bytes, req_context: ReqContext) -> bool:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from raykv.core.logs import LOG_LEVEL_ENV
 from raykv.core.wire import JsonValue
 from raykv.integrations.vllm import raykv_kv_transfer_config
 
@@ -119,6 +120,8 @@ def llm_config(
             "request_router_kwargs": router_options,
         }
     env_vars = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"), **(env or {})}
+    if LOG_LEVEL_ENV in os.environ:  # the deployer's raykv log level reaches the engines
+        env_vars.setdefault(LOG_LEVEL_ENV, os.environ[LOG_LEVEL_ENV])
     extra: dict[str, object] = {}
     if _use_cpu(accelerator):
         extra["accelerator_config"] = {"kind": "cpu"}
