@@ -20,16 +20,19 @@ def parse_prometheus(text: str, prefix: str = "ray_raykv_") -> list[tuple[str, d
     return out
 
 
-def scrape_node(host: str, port: int, timeout: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
-    """The raykv series on one node's metrics export port."""
+def scrape_node(
+    host: str, port: int, timeout: float = 5.0, prefix: str = "ray_raykv_"
+) -> list[tuple[str, dict[str, str], float]]:
+    """The series named ``prefix...`` (raykv's by default) on one node's metrics export port."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=timeout) as resp:
-        return parse_prometheus(resp.read().decode())
+        return parse_prometheus(resp.read().decode(), prefix)
 
 
-def scrape_cluster(timeout: float = 5.0) -> list[tuple[str, dict[str, str], float]]:
-    """The raykv series of every alive node of the connected cluster (unreachable nodes skipped)."""
+def scrape_cluster(timeout: float = 5.0, prefix: str = "ray_raykv_") -> list[tuple[str, dict[str, str], float]]:
+    """The series named ``prefix...`` (raykv's by default) of every alive node of the connected
+    cluster (unreachable nodes skipped)."""
     import ray
 
     out: list[tuple[str, dict[str, str], float]] = []
@@ -38,7 +41,7 @@ def scrape_cluster(timeout: float = 5.0) -> list[tuple[str, dict[str, str], floa
         if not node.get("Alive") or not port:
             continue
         try:
-            out += scrape_node(node["NodeManagerAddress"], int(port), timeout)
+            out += scrape_node(node["NodeManagerAddress"], int(port), timeout, prefix)
         except Exception as e:
             logger.debug("metrics of node %s unreadable: %r", node.get("NodeID"), e)
     return out

@@ -202,21 +202,22 @@ def test_warm_pins_a_prefix_that_survives_a_flood(serve_app, tmp_path) -> None:
 
 def _wait_for_cascades() -> None:
     """Until the tier actors have taken every store sent to them and no new one came for a second."""
-    seen: list[tuple[int, ...]] = []
+    last: tuple[int, ...] | None = None
 
     def settled() -> bool:
-        counts = []
+        nonlocal last
+        counts: list[int] = []
         for tier, f in sorted(_tier_figures().items()):
             if tier == "fs":
                 counts += [f.get("commits", 0), f.get("committed", 0)]
             else:
                 c = f["counters"]
                 if c.get("store_calls", 0) != c.get("stores_answered", 0):
-                    seen.clear()
+                    last = None
                     return False
-                counts += [c.get("store_calls", 0)]
-        seen.append(tuple(counts))
-        return len(seen) >= 2 and seen[-1] == seen[-2]
+                counts.append(c.get("store_calls", 0))
+        now, last = last, tuple(counts)
+        return now == last
 
     wait_until(settled, timeout_s=120, interval_s=1.0, what="the flood's cascades to the tiers to finish")
 
@@ -224,22 +225,13 @@ def _wait_for_cascades() -> None:
 def _offload_counters() -> dict[str, float]:
     """vLLM's tiering counters and raykv's lookup counters summed over the cluster (Ray exports
     them every few seconds): to name why a request missed."""
-    import urllib.request
+    from raykv.metrics.scrape import scrape_cluster
 
     time.sleep(11)  # the next export
     out: dict[str, float] = {}
-    for node in ray.nodes():
-        port = node.get("MetricsExportPort")
-        if not node.get("Alive") or not port:
-            continue
-        url = f"http://{node['NodeManagerAddress']}:{port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as page:
-            for line in page.read().decode().splitlines():
-                if line.startswith("#") or not ("_tiering_" in line or "raykv_lookup" in line):
-                    continue
-                name = line.split("{")[0].split(" ")[0]
-                if not name.endswith("_bucket"):
-                    out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    for name, _, value in scrape_cluster(prefix="ray_"):
+        if ("_tiering_" in name or "raykv_lookup" in name) and not name.endswith("_bucket"):
+            out[name] = out.get(name, 0.0) + value
     return out
 
 
