@@ -58,6 +58,7 @@ from raykv.bench.common import (
     number,
     percentile,
     ratio,
+    ratio_interval,
     section,
     table,
     target,
@@ -606,7 +607,11 @@ def _round_targets(by_round: list[Report]) -> list[JsonValue]:
         return out
 
     def detail(xs: list[float]) -> str:
-        return "rounds: " + ", ".join(f"{x:.2f}" for x in xs)
+        text = "rounds: " + ", ".join(f"{x:.2f}" for x in xs)
+        interval = ratio_interval(xs)
+        if interval is not None:
+            text += f"; geometric mean {interval[0]:.3f} (95% interval {interval[1]:.2f}-{interval[2]:.2f})"
+        return text
 
     out: list[JsonValue] = []
     for name in RAYKV_SETTINGS:

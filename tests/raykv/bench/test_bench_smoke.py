@@ -6,6 +6,8 @@ bench run is marked ``e2e`` (``make test-e2e``, in CI; ``make test`` leaves them
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from raykv import bench
@@ -150,5 +152,7 @@ def test_e2e_quick_json_has_the_floor_and_the_rounds(vllm_env) -> None:
     cpu = next(t for t in out["targets"] if t["target"] == "host CPU s raykv / vLLM fs, median of 2 rounds")
     ratios = [r["raykv"]["host_cpu_s"] / r["vllm_fs"]["host_cpu_s"] for r in rounds]
     assert cpu["value"] == pytest.approx(sum(ratios) / 2)
+    # and how far two rounds resolve it: the geometric mean of the ratios, with its 95% interval
+    assert f"geometric mean {math.sqrt(ratios[0] * ratios[1]):.3f} (95% interval" in cpu["detail"], cpu
     for t in out["targets"]:
         check_verdict(t)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 import threading
 import time
 
 import pytest
 
-from raykv.bench.common import above_zero, all_at_once, at_least, counts_option
+from raykv.bench.common import above_zero, all_at_once, at_least, counts_option, ratio_interval
 from raykv.core.validate import ArgumentError
 
 
@@ -85,3 +87,20 @@ def test_a_bad_bench_option_is_bad_input_not_an_unexpected_error(capsys, bench, 
     assert "unexpected" not in err
     assert ray.is_initialized() == was_up
     assert time.monotonic() - t0 < 30
+
+
+def test_ratio_interval_is_the_geometric_mean_with_a_t_interval_on_the_logs() -> None:
+    assert ratio_interval([1.2]) is None  # one round: no spread to judge
+    assert ratio_interval([1.0, 0.0]) is None
+    geo, lo, hi = ratio_interval([1.1, 1.1, 1.1]) or (0, 0, 0)
+    assert geo == pytest.approx(1.1) and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    geo, lo, hi = ratio_interval([2.0, 0.5]) or (0, 0, 0)
+    # logs +-ln 2: mean 0, sd ln2 * sqrt 2, t(1 df) = 12.71
+    half = 12.71 * math.log(2) * math.sqrt(2) / math.sqrt(2)
+    assert geo == pytest.approx(1.0) and lo == pytest.approx(math.exp(-half)) and hi == pytest.approx(math.exp(half))
+    # 13 rounds (12 df, between the table's 10 and 15) use 10's t: never narrower than the true one (2.18)
+    xs = [0.9, 1.1] * 6 + [1.0]
+    logs = [math.log(x) for x in xs]
+    sd = statistics.stdev(logs)
+    geo, lo, hi = ratio_interval(xs) or (0, 0, 0)
+    assert math.log(hi / geo) == pytest.approx(2.23 * sd / math.sqrt(13), rel=1e-3)
