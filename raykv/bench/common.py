@@ -38,15 +38,19 @@ def percentile(xs: Sequence[float], q: float) -> float:
 
 
 #: Two-sided 95% quantiles of Student's t by degrees of freedom (1-10, 15, 20, 30).
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13}
-_T95.update({20: 2.09, 30: 2.04})
+_T95 = dict(
+    zip(
+        (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 15, 20, 30),
+        (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.13, 2.09, 2.04),
+    )
+)
 
 
 def ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float] | None:
     """Geometric mean of paired ``ratios`` (each > 0) and its 95% interval, from a t
     interval on their logs; None for fewer than two. On a shared host the rounds of a
     paired line swing by a fifth: the interval says whether N rounds resolve a 5% line."""
-    if len(ratios) < 2 or any(not x > 0 for x in ratios):
+    if len(ratios) < 2 or any(not (x > 0 and math.isfinite(x)) for x in ratios):
         return None
     logs = [math.log(x) for x in ratios]
     df = len(logs) - 1

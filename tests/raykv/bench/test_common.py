@@ -91,7 +91,7 @@ def test_a_bad_bench_option_is_bad_input_not_an_unexpected_error(capsys, bench, 
 
 def test_ratio_interval_is_the_geometric_mean_with_a_t_interval_on_the_logs() -> None:
     assert ratio_interval([1.2]) is None  # one round: no spread to judge
-    assert ratio_interval([1.0, 0.0]) is None
+    assert ratio_interval([1.0, 0.0]) is None and ratio_interval([1.0, math.inf]) is None
     geo, lo, hi = ratio_interval([1.1, 1.1, 1.1]) or (0, 0, 0)
     assert geo == pytest.approx(1.1) and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
     geo, lo, hi = ratio_interval([2.0, 0.5]) or (0, 0, 0)
