@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar, overload
 
+from raykv.core.units import parse_size
 from raykv.core.validate import ConfigError, as_mapping, check_number, is_int, join, type_name
 
 if TYPE_CHECKING:
@@ -23,6 +24,9 @@ D = TypeVar("D", bound="DataclassInstance")
 Kind = type | tuple[type, ...]
 #: An option's own check: what is wrong with a value already of its kind (None: nothing).
 Check = Callable[..., "str | None"]
+#: An option's reading of a value given in another form (a size string as bytes), before its
+#: kind is checked; raises ``ValueError`` saying what is wrong.
+Convert = Callable[[object], object]
 
 _REQUIRED = object()
 
@@ -37,6 +41,7 @@ def opt(
     warn_above: float | None = None,
     choices: Sequence[object] | None = None,
     check: Check | None = None,
+    convert: Convert | None = None,
     doc: str = "",
 ) -> T: ...
 @overload
@@ -48,6 +53,7 @@ def opt(
     warn_above: float | None = None,
     choices: Sequence[object] | None = None,
     check: Check | None = None,
+    convert: Convert | None = None,
     doc: str = "",
 ) -> T: ...
 def opt(
@@ -59,12 +65,14 @@ def opt(
     warn_above: float | None = None,
     choices: Sequence[object] | None = None,
     check: Check | None = None,
+    convert: Convert | None = None,
     doc: str = "",
 ) -> object:
     """Declare a validated option on a config dataclass (without ``default``: a required one).
 
     Numbers are checked against ``min``/``max`` (NaN and infinity never pass);
-    above ``warn_above`` a value is legal but logs one warning. Like
+    above ``warn_above`` a value is legal but logs one warning. ``convert`` reads
+    a value given in another form first (``size_value``: ``"64GiB"``). Like
     ``dataclasses.field`` it returns the field, typed as the option's value.
     """
     meta = {
@@ -74,6 +82,7 @@ def opt(
         "warn_above": warn_above,
         "choices": choices,
         "check": check,
+        "convert": convert,
         "doc": doc,
     }
     if default is _REQUIRED:
@@ -93,6 +102,7 @@ class _Spec:
     warn_above: float | None = None
     choices: Sequence[object] | None = None
     check: Check | None = None
+    convert: Convert | None = None
     doc: str = ""
     required: bool = False
 
@@ -106,6 +116,7 @@ class _Spec:
             m.get("warn_above"),
             m.get("choices"),
             m.get("check"),
+            m.get("convert"),
             m.get("doc", ""),
             bool(m.get("required", False)),
         )
@@ -119,6 +130,11 @@ def _kind_name(kind: Kind) -> str:
 def _check_value(name: str, value: object, spec: _Spec) -> object:
     kind = spec.kind
     kinds = kind if isinstance(kind, tuple) else (kind,)
+    if spec.convert is not None:
+        try:
+            value = spec.convert(value)
+        except ValueError as e:
+            raise ConfigError(name, str(e)) from None
     if isinstance(value, bool):
         if bool not in kinds:
             raise ConfigError(name, f"must be {_kind_name(kind)}, got bool {value!r}")
@@ -191,6 +207,23 @@ def check_namespace(value: str) -> str | None:
     if len(value) > MAX_NAMESPACE_CHARS:
         return f"must be at most {MAX_NAMESPACE_CHARS} characters; got {len(value)} ({value[:20]!r}...)"
     return None
+
+
+def size_value(value: object) -> object:
+    """``convert`` for an option in bytes: a size string (``"64GiB"``, ``raykv.core.units.parse_size``)
+    or a float with no fraction (``1e9``) as an int; anything else as it is (its kind check follows)."""
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, float):
+        if not value.is_integer():  # NaN and infinity too
+            raise ValueError(f"must be a whole number of bytes (an int, or a size such as '64GiB'); got {value!r}")
+        return int(value)
+    return value
+
+
+def bytes_option(default: int, *, min: int, doc: str) -> int:
+    """An option in bytes: an int, or a size string such as ``"64GiB"``."""
+    return opt(default, kind=int, min=min, convert=size_value, doc=f"{doc} (an int, or a size such as '64GiB')")
 
 
 def namespace_option() -> str:

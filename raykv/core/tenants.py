@@ -53,7 +53,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from raykv.core.fields import opt
+from raykv.core.fields import opt, size_value
 from raykv.core.pins import DEFAULT_MAX_PINNED_FRACTION, TENANT_QUOTA, TIER_CAP, Pin, PinOutcome, PinTable, Unpin
 from raykv.core.units import fmt_bytes
 from raykv.core.validate import ConfigError, request_params, request_tenant_value, type_name
@@ -215,8 +215,22 @@ def check_quotas(value: object) -> str | None:
         if not isinstance(tenant, str) or not tenant:
             return f"tenant names must be non-empty strings ('*' = every tenant not listed); got {tenant!r}"
         if isinstance(quota, bool) or not isinstance(quota, int) or quota < 1:
-            return f"the quota of tenant {tenant!r} must be an int >= 1 (bytes); got {quota!r}"
+            return f"the quota of tenant {tenant!r} must be an int >= 1 (bytes) or a size such as '8GiB'; got {quota!r}"
     return None
+
+
+def quotas_in_bytes(value: object) -> object:
+    """``opt(convert=...)`` for a ``tenant_quotas`` option: each quota given as a size
+    string (``"8GiB"``) as its bytes; anything else as it is (``check_quotas`` follows)."""
+    if not isinstance(value, Mapping):
+        return value
+    out = {}
+    for tenant, quota in value.items():
+        try:
+            out[tenant] = size_value(quota)
+        except ValueError as e:
+            raise ValueError(f"the quota of tenant {tenant!r}: {e}") from None
+    return out
 
 
 def tenant_quotas_option(held: str, where: str) -> dict[str, int]:
@@ -226,7 +240,8 @@ def tenant_quotas_option(held: str, where: str) -> dict[str, int]:
         {},
         kind=dict,
         check=check_quotas,
-        doc=f"{held} each tenant may keep, each tenant with its own LRU: {{'tenant-a': 1073741824, '*': ...}} "
+        convert=quotas_in_bytes,
+        doc=f"{held} each tenant may keep, each tenant with its own LRU: {{'tenant-a': '1GiB', '*': ...}} "
         "('*': every tenant not listed); a tenant over quota evicts its own blocks first, never another "
         f"tenant's within its quota. Tenant: kv_transfer_params['tenant'], else cache_salt. {where}",
     )

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from raykv.config.file import load_config_file
 from raykv.core.errors import RaykvError, root_cause
+from raykv.core.units import parse_size
 from raykv.core.validate import ConfigError
 
 #: Set to show the traceback of an unexpected error (raykv's own bug, or Ray's).
@@ -191,6 +192,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    """A positive number of bytes: digits, or a size such as ``8GiB`` (``raykv.core.units.parse_size``)."""
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raykv", description="A cluster-wide KV cache for LLM serving on Ray.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -268,7 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--config", help="raykv config file (YAML or JSON) listing the tiers")
     sp.add_argument("--namespace", help="raykv's Ray namespace (default: the config's, else raykv)")
-    sp.add_argument("--cpu-bytes", type=_positive_int, default=4 << 30, help="CPU primary tier size (default 4 GiB)")
+    sp.add_argument(
+        "--cpu-bytes",
+        type=_size,
+        default=4 << 30,
+        help="CPU primary tier size: bytes or a size like 8GiB (default 4 GiB)",
+    )
     sp.add_argument("--ray-address", help="Ray address for the engine process (default: RAY_ADDRESS, else auto)")
     sp.set_defaults(func=cmd_vllm_config)
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from raykv.core.logs import LOG_LEVEL_ENV
+from raykv.core.units import parse_size
 from raykv.core.wire import JsonValue
 from raykv.integrations.vllm import raykv_kv_transfer_config
 
@@ -152,9 +153,13 @@ def app_builder(args: Mapping[str, object]) -> Application:
     model = args.pop("model", None)
     if not model or not isinstance(model, str):
         raise ValueError("raykv.serve:app_builder needs a 'model' argument (path or hub id)")
-    for key in ("cpu_bytes", "num_replicas"):
-        if key in args:
-            args[key] = int(str(args[key]))
+    if "cpu_bytes" in args:  # bytes, or a size such as 8GiB
+        try:
+            args["cpu_bytes"] = parse_size(str(args["cpu_bytes"]))
+        except ValueError as e:
+            raise ValueError(f"raykv.serve:app_builder cpu_bytes: {e}") from None
+    if "num_replicas" in args:
+        args["num_replicas"] = int(str(args["num_replicas"]))
     return build_app(model, **args)
 
 

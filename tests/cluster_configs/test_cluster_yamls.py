@@ -15,6 +15,7 @@ import ray.autoscaler
 import yaml
 
 from raykv.config.options import RaykvConfig
+from raykv.core.factory import validate_tier_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "cluster_configs"
 SCHEMA_PATH = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
@@ -100,7 +101,8 @@ def test_cluster_yaml_installs_mounts_sizes_and_starts_raykv(name: str) -> None:
     assert any(re.search(rf"mount .*\s{re.escape(root)}(\s|\)|$)", c) for c in setup), f"{root} is not mounted"
     # The object store tier fits in every node's object store (it caps itself at 80%).
     sizes = [int(re.search(r"--object-store-memory=(\d+)", c).group(1)) for c in starts]
-    assert tiers["object_store"]["capacity_bytes"] <= 0.8 * max(sizes)
+    capacity = validate_tier_config(tiers["object_store"]).capacity_bytes  # an int, or a size such as "48GiB"
+    assert capacity <= 0.8 * max(sizes)
 
 
 def test_raykv_config_files_validate() -> None:

@@ -262,7 +262,9 @@ TYPES = [
     ({"lookup_ttl_s": "2s"}, "lookup_ttl_s"),
     ({"namespace": 7}, "namespace"),
     ({"tiers": [{"type": "fs", "root": 7}]}, "tiers[0].root"),
-    ({"tiers": [{"type": "object_store", "capacity_bytes": "1GiB"}]}, "tiers[0].capacity_bytes"),
+    ({"tiers": [{"type": "object_store", "capacity_bytes": "4G"}]}, "tiers[0].capacity_bytes"),  # GiB or GB?
+    ({"tiers": [{"type": "object_store", "capacity_bytes": [1]}]}, "tiers[0].capacity_bytes"),
+    ({"tiers": [{"type": "fs", "root": "/tmp/x", "tenant_quotas": {"a": "lots"}}]}, "tiers[0].tenant_quotas"),
     ({"tiers": [{"type": "fs", "root": "/tmp/x", "fsync": "yes"}]}, "tiers[0].fsync"),
     ({"rules": [{"tier": 5}]}, "rules[0].tier"),
     ({"rules": [{"tier": "fs", "match": {"tenant": 5}}]}, "rules[0].match.tenant"),

@@ -30,7 +30,7 @@ import numpy as np
 import ray
 
 from raykv.core.contract import TransferJob
-from raykv.core.fields import namespace_option, opt
+from raykv.core.fields import bytes_option, namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.placement import PLASMA, HolderInfo
 from raykv.core.units import fmt_bytes
@@ -160,7 +160,7 @@ class ExampleNodeActor(HolderActor):
 @dataclass
 class ExampleNodeOptions:
     namespace: str = namespace_option()
-    capacity_bytes: int = opt(256 << 20, kind=int, min=0, doc="bytes of blocks each node's actor keeps (LRU)")
+    capacity_bytes: int = bytes_option(256 << 20, min=0, doc="bytes of blocks each node's actor keeps (LRU)")
     job_timeout_s: float = opt(
         30.0, kind=float, min=0.1, max=86400.0, doc="a job whose actor call has not answered by then fails"
     )

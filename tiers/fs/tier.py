@@ -29,7 +29,7 @@ import numpy as np
 import ray
 
 from raykv.core.contract import ReqContext, TransferJob
-from raykv.core.fields import namespace_option, opt
+from raykv.core.fields import bytes_option, namespace_option, opt
 from raykv.core.handles import HolderHandle
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
@@ -59,9 +59,8 @@ class FsOptions:
         doc="shared storage root: an absolute path (NFS/Lustre/EFS mount) or a pyarrow.fs URI (s3://bucket/prefix)",
     )
     namespace: str = namespace_option()
-    capacity_bytes: int = opt(
+    capacity_bytes: int = bytes_option(
         DEFAULT_CAPACITY_BYTES,
-        kind=int,
         min=0,
         doc="bytes of block files kept under the root (LRU eviction, file sizes incl. headers); 0 = unlimited",
     )

@@ -29,7 +29,7 @@ from ray.actor import ActorHandle
 
 from raykv.core.contract import ReqContext, TransferJob, check_primary_holds_a_block
 from raykv.core.errors import RaykvError
-from raykv.core.fields import namespace_option, opt
+from raykv.core.fields import bytes_option, namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
 from raykv.core.pins import PinBatch, Unpin, cache_ttl_of, max_pinned_fraction_option
@@ -53,9 +53,8 @@ def _check_fraction(value: float) -> str | None:
 @dataclass
 class ObjectStoreOptions:
     namespace: str = namespace_option()
-    capacity_bytes: int = opt(
+    capacity_bytes: int = bytes_option(
         DEFAULT_SETTINGS.capacity_bytes,
-        kind=int,
         min=0,
         doc="bytes of blocks each node's actor keeps in plasma (LRU by pack); 0 stores nothing. "
         "Set when a node's actor starts; capped at max_object_store_fraction of the node's object store",
@@ -66,16 +65,14 @@ class ObjectStoreOptions:
         check=_check_fraction,
         doc="largest share of a node's object store the tier may use",
     )
-    max_pack_bytes: int = opt(
+    max_pack_bytes: int = bytes_option(
         DEFAULT_SETTINGS.max_pack_bytes,
-        kind=int,
         min=1,
         doc="largest plasma object: a store job's blocks are packed into objects of at most this many bytes "
         "(bigger objects pull faster across nodes; smaller ones evict at a finer grain)",
     )
-    piece_bytes: int = opt(
+    piece_bytes: int = bytes_option(
         DEFAULT_SETTINGS.piece_bytes,
-        kind=int,
         min=4096,
         doc="largest buffer handed to ray.put inside a pack (Ray copies buffers over 1 MiB with per-call threads)",
     )

@@ -139,7 +139,13 @@ def test_pack_index_evicts_by_tenant_and_reports_no_room() -> None:
 
 @pytest.mark.parametrize(
     "quotas, problem",
-    [({"a": 0}, "int >= 1"), ({"a": True}, "int >= 1"), ({"": 5}, "non-empty"), ({"a": "1GiB"}, "int >= 1")],
+    [
+        ({"a": 0}, "int >= 1"),
+        ({"a": True}, "int >= 1"),
+        ({"": 5}, "non-empty"),
+        ({"a": "1G"}, "tenant 'a': size unit 'G' is ambiguous"),  # sizes are taken: "1GiB" (test_units.py)
+        ({"a": 1.5}, "tenant 'a': must be a whole number of bytes"),
+    ],
 )
 def test_bad_quotas_name_the_field(quotas, problem) -> None:
     for tier in ({"type": "object_store"}, {"type": "fs", "root": "/tmp/x"}):

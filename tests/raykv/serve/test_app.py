@@ -168,6 +168,10 @@ def test_serve_yaml_builds_an_app_with_raykv(tiny_model) -> None:
     assert extra["raykv_engine_events"]["endpoint"] == events["endpoint"]
     with pytest.raises(ValueError, match="needs a 'model'"):
         app_builder({})
+    # serve run ... cpu_bytes=8GiB: a size as an operator types it; a bare 8G is not guessed
+    assert app_builder(dict(args, cpu_bytes="8GiB")) is not None
+    with pytest.raises(ValueError, match="cpu_bytes: size unit 'G' is ambiguous"):
+        app_builder(dict(args, cpu_bytes="8G"))
 
 
 def test_router_choices(tiny_model) -> None:

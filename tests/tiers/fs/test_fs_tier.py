@@ -194,6 +194,23 @@ def test_capacity_evicts_lru(raykv_services, tmp_path):
         tier.shutdown()
 
 
+def test_capacity_and_quotas_as_sizes(raykv_services, tmp_path):
+    """Options in bytes written as a user writes them ('1MiB') hold on disk, as ints do."""
+    root = tmp_path / "kv"
+    keys = _keys(24)
+    with PrimaryRegion(24, BLOCK) as src:
+        _fill(src, 5)
+        tier = _tier(raykv_services, root, src.view, capacity_bytes="1MiB", tenant_quotas={"*": "512 KiB"})
+        drv = TierDriver(tier)
+        for i in range(0, 24, 4):  # 24 blocks of 64 KiB and more: 1.5 MiB on disk without the caps
+            assert drv.store(keys[i : i + 4], [i, i + 1, i + 2, i + 3]).success
+        figures = ray.get(tier.actor.stats.remote()).figures
+        assert figures["capacity_bytes"] == 1 << 20
+        assert 0 < _disk_bytes(root) <= 512 << 10  # every block here is one tenant's: its quota binds
+        assert sum(_held(raykv_services, keys)) == (512 << 10) // FILE
+        tier.shutdown()
+
+
 # -- 4. exactly one result per job, whatever fails -----------------------------------
 def test_missing_evicted_and_partial_loads(raykv_services, tmp_path):
     root = tmp_path / "kv"

@@ -1,0 +1,36 @@
+"""``raykv vllm-config``: sizes in bytes as a user types them, on the command line and in a config file."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli_run import run_raykv
+
+
+def test_vllm_config_takes_sizes(tmp_path) -> None:
+    cfg = tmp_path / "raykv.yaml"
+    cfg.write_text(
+        "tiers:\n"
+        "  - {type: object_store, capacity_bytes: 512MiB}\n"
+        f"  - {{type: fs, root: {tmp_path / 'kv'}, capacity_bytes: 1e9, tenant_quotas: {{team-a: 64Gi}}}}\n"
+    )
+    p = run_raykv("vllm-config", "--config", str(cfg), "--cpu-bytes", "8GiB")
+    assert p.returncode == 0, p.stderr
+    extra = json.loads(p.stdout)["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == 8 << 30
+    # the tiers' options travel as written; each engine's tier reads them (tests/tiers/fs/test_fs_tier.py)
+    assert [t["capacity_bytes"] for t in extra["secondary_tiers"]] == ["512MiB", "1e9"]
+
+
+def test_vllm_config_refuses_an_ambiguous_size_in_one_line(tmp_path) -> None:
+    p = run_raykv("vllm-config", "--cpu-bytes", "8G")
+    assert p.returncode == 2
+    assert "--cpu-bytes: size unit 'G' is ambiguous: write GiB or GB" in p.stderr
+    cfg = tmp_path / "raykv.yaml"
+    cfg.write_text("tiers:\n  - {type: object_store, capacity_bytes: 4G}\n")
+    p = run_raykv("vllm-config", "--config", str(cfg))
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert (
+        p.stderr.strip()
+        == "raykv: error: tiers[0].capacity_bytes: size unit 'G' is ambiguous: write GiB or GB; got '4G'"
+    )
