@@ -137,8 +137,9 @@ def counts_option(option: str, text: str, parse: Callable[[str], int] = int) -> 
     for item in text.split(","):
         try:
             value = parse(item.strip())
-        except ValueError:
-            raise ArgumentError(option, f"{item.strip()!r} is not a count") from None
+        except ValueError as e:
+            why = f"{item.strip()!r} is not a count" if parse is int else str(e)
+            raise ArgumentError(option, why) from None
         out.append(int_arg(option, value, minimum=1))
     return out
 

@@ -63,6 +63,7 @@ from raykv.bench.common import (
     targets_table,
 )
 from raykv.core.keys import OffloadKey
+from raykv.core.units import parse_size
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -142,14 +143,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checksum", default="auto", help="the fs tier's checksum option (auto: fastest installed)")
     p.add_argument("--no-vllm", action="store_true", help="skip vLLM's fs tier")
     p.add_argument("--no-cross-node", action="store_true", help="skip the second node")
-
-
-def parse_size(s: str) -> int:
-    s = s.strip()
-    for unit, n in (("KiB", 1024), ("MiB", MiB), ("GiB", 1024 * MiB), ("K", 1024), ("M", MiB)):
-        if s.endswith(unit):
-            return int(float(s[: -len(unit)]) * n)
-    return int(s)
 
 
 # -- raw files -------------------------------------------------------------------
