@@ -61,6 +61,9 @@ MAX_KEY_BYTES = TAG_BYTES + 256
 MAX_HEX_NAME_KEY = 100  # 200 hex chars + ".kv" stays well under NAME_MAX (255)
 SUFFIX = ".kv"
 TMP_SUFFIX = ".tmp"
+#: Folder under the root where writers keep their unfinished stores, one sub-folder per writer
+#: process: a killed writer's leftovers are found there without listing the block folders.
+TMP_DIR = ".tmp"
 
 assert FIXED_SIZE == 32
 

@@ -36,7 +36,7 @@ class FsRootSettings:
     capacity_bytes: int = DEFAULT_CAPACITY_BYTES
     #: Bytes of block files each tenant may keep (``raykv.core.tenants``); empty: no quotas.
     tenant_quotas: Mapping[str, int] = field(default_factory=dict)
-    #: Temp files (a writer's unfinished store) older than this are removed by the start-up scan.
+    #: Temp files (a writer's unfinished store) older than this are removed: at start-up, then every quarter of it.
     tmp_max_age_s: float = 3600.0
     #: Largest share of the capacity pinned files may take (``raykv.core.pins``; no cap when unlimited).
     max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION

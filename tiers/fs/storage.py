@@ -171,6 +171,8 @@ class Storage(ABC):
         self._dirs_lock = threading.Lock()
         self._known_dirs: set[str] = set()
         self._scan_removed: dict[str, list[Removal]] = {}
+        #: This process's folder of unfinished stores (``fmt.TMP_DIR``), made on its first store.
+        self.tmp_dir = f"{self.root}/{fmt.TMP_DIR}/{uuid.uuid4().hex[:16]}"
 
     def note_scan_removal(self, reason: str, path: str, key: bytes | None, detail: str) -> None:
         """A block file ``scan`` removed (``scan_removals``)."""
@@ -232,6 +234,11 @@ class Storage(ABC):
     def read_key(self, path: str) -> bytes:
         """The key in a block file's header."""
 
+    @abstractmethod
+    def sweep_tmp(self, max_age_s: float) -> list[str]:
+        """Remove writers' temp files (``fmt.TMP_DIR``) older than ``max_age_s`` (a writer
+        killed mid-store), and writers' folders left empty that long; returns the files' paths."""
+
     def path_of(self, key: bytes) -> str:
         return f"{self.root}/{fmt.rel_path(key)}"
 
@@ -284,6 +291,23 @@ class LocalStorage(Storage):
             self._known_dirs.add(path)
         return path
 
+    def _tmp_dir(self) -> str:
+        """This writer's temp folder, made owner-only (with ``fmt.TMP_DIR``) when missing."""
+        if self.tmp_dir in self._known_dirs:
+            return self.tmp_dir
+        for d in (os.path.dirname(self.tmp_dir), self.tmp_dir):
+            try:
+                os.mkdir(d, DIR_MODE)
+            except FileExistsError:
+                pass
+        with self._dirs_lock:
+            self._known_dirs.add(self.tmp_dir)
+        return self.tmp_dir
+
+    def _forget_dirs(self, *dirs: str) -> None:
+        with self._dirs_lock:
+            self._known_dirs.difference_update(dirs)
+
     def existing_size(self, key: bytes) -> int | None:
         try:
             st = os.stat(self.path_of(key))
@@ -296,14 +320,13 @@ class LocalStorage(Storage):
     def store(self, key: bytes, payload: memoryview, fsync: bool) -> int:
         header = fmt.encode_header(key, payload, self.algo)
         d = self._dir(key)
-        tmp = os.path.join(d, _tmp_name(key))
+        tmp = os.path.join(self._tmp_dir(), _tmp_name(key))
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
         try:
             fd = os.open(tmp, flags, FILE_MODE)
-        except FileNotFoundError:  # our cached directory vanished: recreate once
-            with self._dirs_lock:
-                self._known_dirs.discard(d)
-            d = self._dir(key)
+        except FileNotFoundError:  # our cached folder vanished (swept while idle): recreate once
+            self._forget_dirs(self.tmp_dir)
+            tmp = os.path.join(self._tmp_dir(), os.path.basename(tmp))
             fd = os.open(tmp, flags, FILE_MODE)
         try:
             try:
@@ -312,7 +335,13 @@ class LocalStorage(Storage):
                     os.fsync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, os.path.join(d, fmt.file_name(key)))
+            final = os.path.join(d, fmt.file_name(key))
+            try:
+                os.rename(tmp, final)
+            except FileNotFoundError:  # the block's cached folder vanished: recreate once
+                self._forget_dirs(d)
+                d = self._dir(key)
+                os.rename(tmp, final)
         except BaseException:
             try:
                 os.unlink(tmp)
@@ -371,6 +400,28 @@ class LocalStorage(Storage):
         with open(path, "rb") as f:
             return fmt.decode_header(f.read(fmt.FIXED_SIZE + fmt.MAX_KEY_BYTES)).key
 
+    def sweep_tmp(self, max_age_s: float) -> list[str]:
+        return _sweep_tmp_dirs(os.path.join(self.root, fmt.TMP_DIR), self.tmp_dir, max_age_s)
+
+
+def _sweep_tmp_dirs(tmp_root: str, own: str, max_age_s: float) -> list[str]:
+    """``Storage.sweep_tmp`` on a POSIX folder ``tmp_root`` of writers' folders (``own``: this process's)."""
+    removed: list[str] = []
+    now = time.time()
+    for writer in _subdirs(tmp_root, lambda _: True):
+        try:
+            with os.scandir(writer) as it:
+                entries = list(it)
+            for e in entries:
+                if fmt.is_tmp_name(e.name) and now - e.stat(follow_symlinks=False).st_mtime > max_age_s:
+                    os.unlink(e.path)
+                    removed.append(e.path)
+            if writer != own and now - os.stat(writer).st_mtime > max_age_s:
+                os.rmdir(writer)  # a writer gone this long; one that is not makes it again
+        except OSError:  # gone meanwhile, not empty, or unreadable: the next sweep looks again
+            continue
+    return removed
+
 
 def _subdirs(path: str, wanted: Callable[[str], bool]) -> list[str]:
     try:
@@ -387,6 +438,7 @@ def _scan_entry(
     if fmt.is_tmp_name(name):
         if now - mtime > tmp_max_age_s:  # a writer that died mid-write
             storage.delete_path(path)
+            storage.note_scan_removal("stale_tmp", path, None, f"temp file older than {tmp_max_age_s:g} s")
         return
     key = fmt.key_from_name(name)
     if key is None and fmt.is_hashed_name(name):
@@ -498,6 +550,22 @@ class ArrowStorage(Storage):
             self._known_dirs.add(path)
         return path
 
+    def _tmp_dir(self) -> str:
+        """This writer's temp folder (not with object stores: their puts are atomic)."""
+        if self.tmp_dir in self._known_dirs:
+            return self.tmp_dir
+        if self.posix_backed:
+            for d in (os.path.dirname(self.tmp_dir), self.tmp_dir):
+                try:
+                    os.mkdir(d, DIR_MODE)
+                except FileExistsError:
+                    pass
+        else:
+            self.fs.create_dir(self.tmp_dir, recursive=True)
+        with self._dirs_lock:
+            self._known_dirs.add(self.tmp_dir)
+        return self.tmp_dir
+
     def existing_size(self, key: bytes) -> int | None:
         info = self.fs.get_file_info(self.path_of(key))
         return info.size if info.type == self._pafs.FileType.File else None
@@ -506,7 +574,7 @@ class ArrowStorage(Storage):
         header = fmt.encode_header(key, payload, self.algo)
         d = self._dir(key)
         final = f"{d}/{fmt.file_name(key)}"
-        target = final if self.atomic_put else f"{d}/{_tmp_name(key)}"
+        target = final if self.atomic_put else f"{self._tmp_dir()}/{_tmp_name(key)}"
         try:
             with self.fs.open_output_stream(target) as out:
                 out.write(header)
@@ -551,6 +619,28 @@ class ArrowStorage(Storage):
     def read_key(self, path: str) -> bytes:
         with self.fs.open_input_file(path) as f:
             return fmt.decode_header(f.read(min(f.size(), fmt.FIXED_SIZE + fmt.MAX_KEY_BYTES))).key
+
+    def sweep_tmp(self, max_age_s: float) -> list[str]:
+        if self.atomic_put:
+            return []
+        if self.posix_backed:
+            return _sweep_tmp_dirs(f"{self.root}/{fmt.TMP_DIR}", self.tmp_dir, max_age_s)
+        removed: list[str] = []
+        now = time.time()
+        sel = self._pafs.FileSelector(f"{self.root}/{fmt.TMP_DIR}", recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(sel)
+        except OSError:
+            return removed
+        for info in infos:
+            mtime = info.mtime_ns / 1e9 if info.mtime_ns is not None else now
+            if info.type == self._pafs.FileType.File and fmt.is_tmp_name(info.base_name) and now - mtime > max_age_s:
+                try:
+                    self.fs.delete_file(info.path)
+                    removed.append(info.path)
+                except OSError:
+                    continue
+        return removed
 
     def scan(self, tmp_max_age_s: float = 3600.0) -> list[FileEntry]:
         out: list[FileEntry] = []

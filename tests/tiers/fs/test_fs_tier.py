@@ -511,6 +511,64 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         tier.shutdown()
 
 
+def test_stores_go_through_the_writers_temp_folder(raykv_services, tmp_path):
+    """A store writes its temp file in the writer's own folder under ``.tmp``, never among
+    the blocks: a killed writer's leftovers are found there without listing every block."""
+    root = tmp_path / "kv"
+    keys = _keys(4)
+    with PrimaryRegion(4, BLOCK) as src:
+        _fill(src, 11)
+        tier = _tier(raykv_services, root, src.view)
+        assert TierDriver(tier).store(keys, [0, 1, 2, 3]).success
+        writers = os.listdir(root / fmt.TMP_DIR)
+        assert writers == [os.path.basename(tier.storage.tmp_dir)]
+        assert os.listdir(tier.storage.tmp_dir) == []  # renamed into place, nothing left
+        assert stat.S_IMODE(os.stat(tier.storage.tmp_dir).st_mode) == 0o700
+        names = {n for d, _, fs in os.walk(root) for n in fs}
+        assert names == {fmt.file_name(k) for k in scoped_keys(keys)}
+        shutil.rmtree(root / fmt.TMP_DIR)  # swept while this writer was idle: it makes its folder again
+        more = _keys(2)
+        assert TierDriver(tier).store(more, [0, 1]).success
+        assert _held(raykv_services, more) == [True, True]
+        tier.shutdown()
+
+
+@pytest.mark.parametrize("uri", [False, True], ids=["path", "file-uri"])
+def test_stale_temp_files_are_swept_while_the_actor_runs(raykv_services, tmp_path, uri):
+    """Temp files of writers killed mid-store go within about 1.25x ``tmp_max_age_s`` of the
+    store, with the actor running (not only when it restarts); younger ones stay."""
+    from tiers.fs.actor import start_root_actor
+    from tiers.fs.messages import FsRootSettings
+    from tiers.fs.storage import canonical_root
+
+    root = tmp_path / "kv"
+    root.mkdir()
+    now = time.time()
+    dead, live, gone = (root / fmt.TMP_DIR / w for w in ("dead0000dead0000", "live0000live0000", "gone0000gone0000"))
+    for d in (dead, live, gone):
+        d.mkdir(parents=True)
+    stale = [dead / f".{i:02x}.kv.0123456789abcdef{fmt.TMP_SUFFIX}" for i in range(3)]
+    for p in stale:
+        p.write_bytes(b"x" * 4096)
+        os.utime(p, (now - 100, now - 100))
+    fresh = live / f".ff.kv.0123456789abcdef{fmt.TMP_SUFFIX}"
+    fresh.write_bytes(b"y")
+    os.utime(fresh, (now + 3600, now + 3600))  # still being written, as far as any age goes
+    os.utime(gone, (now - 100, now - 100))  # an empty folder of a writer gone long ago
+    settings = FsRootSettings(canonical_root(f"file://{root}" if uri else str(root)), tmp_max_age_s=2.0)
+    actor = start_root_actor(settings, raykv_services.namespace)
+    try:
+        wait_until(lambda: not any(p.exists() for p in stale), timeout_s=30, what="stale temp files swept")
+        wait_until(lambda: not gone.exists(), timeout_s=30, what="the empty old writer folder removed")
+        assert fresh.exists() and live.exists()
+        figures = ray.get(actor.stats.remote()).figures
+        assert figures["removed_reasons"]["stale_tmp"] == 3  # by the start-up scan or the sweeps
+        assert figures["removed_files_logged"]["stale_tmp"] == 3
+        assert figures["files"] == 0  # temp files are never blocks
+    finally:
+        ray.kill(actor)
+
+
 def test_root_without_parent_fails_clearly(raykv_services, tmp_path):
     from raykv.core.errors import RaykvError
 
