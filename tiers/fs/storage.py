@@ -174,6 +174,11 @@ class Storage(ABC):
         #: This process's folder of unfinished stores (``fmt.TMP_DIR``), made on its first store.
         self.tmp_dir = f"{self.root}/{fmt.TMP_DIR}/{uuid.uuid4().hex[:16]}"
 
+    def _forget_dirs(self, *dirs: str) -> None:
+        """Folders found gone: the next store makes them again."""
+        with self._dirs_lock:
+            self._known_dirs.difference_update(dirs)
+
     def note_scan_removal(self, reason: str, path: str, key: bytes | None, detail: str) -> None:
         """A block file ``scan`` removed (``scan_removals``)."""
         from raykv.metrics.incidents import Removal
@@ -303,10 +308,6 @@ class LocalStorage(Storage):
         with self._dirs_lock:
             self._known_dirs.add(self.tmp_dir)
         return self.tmp_dir
-
-    def _forget_dirs(self, *dirs: str) -> None:
-        with self._dirs_lock:
-            self._known_dirs.difference_update(dirs)
 
     def existing_size(self, key: bytes) -> int | None:
         try:
@@ -576,7 +577,15 @@ class ArrowStorage(Storage):
         final = f"{d}/{fmt.file_name(key)}"
         target = final if self.atomic_put else f"{self._tmp_dir()}/{_tmp_name(key)}"
         try:
-            with self.fs.open_output_stream(target) as out:
+            try:
+                out = self.fs.open_output_stream(target)
+            except FileNotFoundError:  # our temp folder was swept while we were idle: make it again
+                if target == final:
+                    raise
+                self._forget_dirs(self.tmp_dir)
+                target = f"{self._tmp_dir()}/{os.path.basename(target)}"
+                out = self.fs.open_output_stream(target)
+            with out:
                 out.write(header)
                 out.write(payload)
             if self.posix_backed:

@@ -511,14 +511,15 @@ def test_crashed_root_actor_restarts_and_rescans(raykv_services, tmp_path):
         tier.shutdown()
 
 
-def test_stores_go_through_the_writers_temp_folder(raykv_services, tmp_path):
+@pytest.mark.parametrize("uri", [False, True], ids=["path", "file-uri"])
+def test_stores_go_through_the_writers_temp_folder(raykv_services, tmp_path, uri):
     """A store writes its temp file in the writer's own folder under ``.tmp``, never among
     the blocks: a killed writer's leftovers are found there without listing every block."""
     root = tmp_path / "kv"
     keys = _keys(4)
     with PrimaryRegion(4, BLOCK) as src:
         _fill(src, 11)
-        tier = _tier(raykv_services, root, src.view)
+        tier = _tier(raykv_services, f"file://{root}" if uri else root, src.view)
         assert TierDriver(tier).store(keys, [0, 1, 2, 3]).success
         writers = os.listdir(root / fmt.TMP_DIR)
         assert writers == [os.path.basename(tier.storage.tmp_dir)]
