@@ -88,16 +88,7 @@ class FsRootActor(HolderActor):
         self.storage.ensure_root()
         self.counters.update(
             dict.fromkeys(
-                (
-                    "commits",
-                    "committed",
-                    "evicted",
-                    "removed",
-                    "invalidated",
-                    "touches",
-                    "directory_errors",
-                ),
-                0,
+                ("commits", "committed", "evicted", "removed", "invalidated", "touches", "directory_errors"), 0
             )
         )
         self.counters.update(dict.fromkeys(("pins_granted", "unpinned", *REFUSED_COUNTERS.values()), 0))

@@ -408,6 +408,8 @@ class LocalStorage(Storage):
 def _sweep_tmp_dirs(tmp_root: str, own: str, max_age_s: float) -> list[str]:
     """``Storage.sweep_tmp`` on a POSIX folder ``tmp_root`` of writers' folders (``own``: this process's)."""
     removed: list[str] = []
+    if not os.path.isdir(tmp_root):  # no writer has stored yet
+        return removed
     now = time.time()
     for writer in _subdirs(tmp_root, lambda _: True):
         try:
