@@ -174,6 +174,23 @@ class Storage(ABC):
         #: This process's folder of unfinished stores (``fmt.TMP_DIR``), made on its first store.
         self.tmp_dir = f"{self.root}/{fmt.TMP_DIR}/{uuid.uuid4().hex[:16]}"
 
+    def _made(self, parent: str, path: str) -> str:
+        """Folder ``path`` (in ``parent``, both below the root), made owner-only unless this
+        process made or saw it already."""
+        if path not in self._known_dirs:
+            self._make_dirs(parent, path)
+            with self._dirs_lock:
+                self._known_dirs.add(path)
+        return path
+
+    @abstractmethod
+    def _make_dirs(self, parent: str, path: str) -> None:
+        """Make ``parent``, then ``path`` in it, where missing."""
+
+    def _tmp_dir(self) -> str:
+        """This writer's temp folder, made (with ``fmt.TMP_DIR``) when missing."""
+        return self._made(os.path.dirname(self.tmp_dir), self.tmp_dir)
+
     def _forget_dirs(self, *dirs: str) -> None:
         """Folders found gone: the next store makes them again."""
         with self._dirs_lock:
@@ -283,31 +300,10 @@ class LocalStorage(Storage):
 
     def _dir(self, key: bytes) -> str:
         rel = fmt.rel_dir(key)
-        path = os.path.join(self.root, rel)
-        if path in self._known_dirs:
-            return path
-        parent = os.path.join(self.root, rel.split("/", 1)[0])
-        for d in (parent, path):  # create each level owner-only (never the root)
-            try:
-                os.mkdir(d, DIR_MODE)
-            except FileExistsError:
-                pass
-        with self._dirs_lock:
-            self._known_dirs.add(path)
-        return path
+        return self._made(os.path.join(self.root, rel.split("/", 1)[0]), os.path.join(self.root, rel))
 
-    def _tmp_dir(self) -> str:
-        """This writer's temp folder, made owner-only (with ``fmt.TMP_DIR``) when missing."""
-        if self.tmp_dir in self._known_dirs:
-            return self.tmp_dir
-        for d in (os.path.dirname(self.tmp_dir), self.tmp_dir):
-            try:
-                os.mkdir(d, DIR_MODE)
-            except FileExistsError:
-                pass
-        with self._dirs_lock:
-            self._known_dirs.add(self.tmp_dir)
-        return self.tmp_dir
+    def _make_dirs(self, parent: str, path: str) -> None:
+        _mkdirs_owner_only(parent, path)
 
     def existing_size(self, key: bytes) -> int | None:
         try:
@@ -403,6 +399,15 @@ class LocalStorage(Storage):
 
     def sweep_tmp(self, max_age_s: float) -> list[str]:
         return _sweep_tmp_dirs(os.path.join(self.root, fmt.TMP_DIR), self.tmp_dir, max_age_s)
+
+
+def _mkdirs_owner_only(*dirs: str) -> None:
+    """Make each folder owner-only where missing, in order (never the root itself)."""
+    for d in dirs:
+        try:
+            os.mkdir(d, DIR_MODE)
+        except FileExistsError:
+            pass
 
 
 def _sweep_tmp_dirs(tmp_root: str, own: str, max_age_s: float) -> list[str]:
@@ -538,36 +543,15 @@ class ArrowStorage(Storage):
     def _dir(self, key: bytes) -> str:
         rel = fmt.rel_dir(key)
         path = f"{self.root}/{rel}"
-        if self.atomic_put or path in self._known_dirs:
+        if self.atomic_put:  # object stores have no folders (and their puts need no temp file)
             return path
-        parent = f"{self.root}/{rel.split('/', 1)[0]}"
+        return self._made(f"{self.root}/{rel.split('/', 1)[0]}", path)
+
+    def _make_dirs(self, parent: str, path: str) -> None:
         if self.posix_backed:
-            for d in (parent, path):
-                try:
-                    os.mkdir(d, DIR_MODE)
-                except FileExistsError:
-                    pass
+            _mkdirs_owner_only(parent, path)
         else:
             self.fs.create_dir(path, recursive=True)
-        with self._dirs_lock:
-            self._known_dirs.add(path)
-        return path
-
-    def _tmp_dir(self) -> str:
-        """This writer's temp folder (not with object stores: their puts are atomic)."""
-        if self.tmp_dir in self._known_dirs:
-            return self.tmp_dir
-        if self.posix_backed:
-            for d in (os.path.dirname(self.tmp_dir), self.tmp_dir):
-                try:
-                    os.mkdir(d, DIR_MODE)
-                except FileExistsError:
-                    pass
-        else:
-            self.fs.create_dir(self.tmp_dir, recursive=True)
-        with self._dirs_lock:
-            self._known_dirs.add(self.tmp_dir)
-        return self.tmp_dir
 
     def existing_size(self, key: bytes) -> int | None:
         info = self.fs.get_file_info(self.path_of(key))
