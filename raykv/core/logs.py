@@ -42,3 +42,20 @@ def configure_from_env() -> None:
         handler._raykv_env = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
         logger.propagate = False  # one line per record, not one more through a configured root
+
+
+def configure_cli() -> None:
+    """The command line's warnings: one line each on stderr, as ``raykv: warning: ...``
+    (``raykv: error: ...`` is the CLI's own). Leaves a ``RAYKV_LOG_LEVEL`` handler alone."""
+    logger = logging.getLogger("raykv")
+    if logger.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(_CliFormatter())
+    logger.addHandler(handler)
+
+
+class _CliFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"raykv: {record.levelname.lower()}: {record.getMessage()}"

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from raykv.config.file import load_config_file
 from raykv.core.errors import RaykvError, root_cause
+from raykv.core.logs import configure_cli
 from raykv.core.units import parse_size
 from raykv.core.validate import ConfigError
 
@@ -322,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     own errors); an unexpected error: one line, exit code 1 (its traceback with
     ``RAYKV_DEBUG=1``). Never a bare traceback."""
     args = build_parser().parse_args(argv)
+    configure_cli()
     try:
         return args.func(args)
     except (ConfigError, RaykvError) as e:

@@ -152,6 +152,13 @@ def raykv_kv_transfer_config(
         for t in tiers:
             t["ray_address"] = ray_address
     native = as_list(vllm_tiers, "vllm_tiers") if vllm_tiers is not None else []
+    if not tiers and not native:
+        warn_once(
+            "raykv-no-tiers",
+            f"the raykv config (namespace {cfg.namespace!r}) lists no tiers: each engine gets only its own CPU "
+            "primary, and no block is shared across replicas or outlives its engine. Add tiers, for example "
+            "tiers: [{type: object_store}, {type: fs, root: /mnt/shared/raykv}]",
+        )
     if model_revision is not None:
         if not isinstance(model_revision, str) or not model_revision.strip():
             raise ArgumentError("model_revision", f"must be a non-empty str, got {model_revision!r}")

@@ -34,3 +34,23 @@ def test_vllm_config_refuses_an_ambiguous_size_in_one_line(tmp_path) -> None:
         p.stderr.strip()
         == "raykv: error: tiers[0].capacity_bytes: size unit 'G' is ambiguous: write GiB or GB; got '4G'"
     )
+
+
+def test_vllm_config_warns_when_no_tier_is_listed(tmp_path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    no_tiers = tmp_path / "no-tiers.yaml"
+    no_tiers.write_text("namespace: team-a\ntiers: []\n")
+    for argv, namespace in ((), "raykv"), (("--config", str(empty)), "raykv"), (("--config", str(no_tiers)), "team-a"):
+        p = run_raykv("vllm-config", *argv)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["kv_connector_extra_config"]["secondary_tiers"] == []  # still a usable config
+        assert p.stderr.strip() == (
+            f"raykv: warning: the raykv config (namespace {namespace!r}) lists no tiers: each engine gets only "
+            "its own CPU primary, and no block is shared across replicas or outlives its engine. Add tiers, for "
+            "example tiers: [{type: object_store}, {type: fs, root: /mnt/shared/raykv}]"
+        )
+    with_tier = tmp_path / "raykv.yaml"
+    with_tier.write_text("tiers: [{type: object_store}]\n")
+    p = run_raykv("vllm-config", "--config", str(with_tier))
+    assert p.returncode == 0 and p.stderr == ""
