@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> FloodResult:
     tier_blocks = max(2, round(args.tier_prefixes * prefix_blocks))
     capacities = (tier_blocks * block_bytes, tier_blocks * (block_bytes + FS_HEADER_BYTES))
     info = machine()
-    cluster = start_cluster(args.replicas)
+    cluster = start_cluster(args.replicas, model)
     per: dict[str, ConfigSummary | Failed] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-bench-flood-") as root:

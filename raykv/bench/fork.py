@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> ForkResult:
     require_vllm()
     model, model_name = resolve_model(args)
     info = machine()
-    cluster = start_cluster(args.replicas)
+    cluster = start_cluster(args.replicas, model)
     progress = tqdm(
         total=len(configs) * args.bursts * args.forks, file=sys.stderr, disable=args.no_progress, unit="req"
     )

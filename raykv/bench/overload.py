@@ -518,7 +518,7 @@ def run(args: argparse.Namespace) -> OverloadResult:
     names = _scenarios(args)
     model, model_name = resolve_model(args)
     info = machine()
-    cluster = start_cluster(args.replicas)
+    cluster = start_cluster(args.replicas, model)
     per: dict[str, ScenarioResult | Failed] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="overload-bench-") as root:

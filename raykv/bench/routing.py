@@ -57,8 +57,9 @@ from raykv.bench.common import (
     targets_table,
 )
 from raykv.bench.serve_app import ENGINE_BLOCKS, bench_app, start_cluster
+from raykv.core.validate import ArgumentError
 from raykv.core.wire import HolderInfo, JsonValue, Report
-from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
+from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK, model_config
 
 if TYPE_CHECKING:
     from raykv.demo.replicas import Progress
@@ -71,6 +72,8 @@ ROUTERS = ("default", "prefix_affinity", "raykv")
 BLOCK = 128
 URL = "http://127.0.0.1:8000/v1/completions"
 MODEL_ID = "bench"
+#: ``--model`` names of raykv's own models (built on first use); anything else is a model directory.
+BUILT_IN_MODELS = ("bench", "bench-long", "tiny")
 #: A router that cannot serve a request in this time is reported as failed (the others still run).
 REQUEST_TIMEOUT_S = 60
 
@@ -268,25 +271,32 @@ def resolve_model(args: argparse.Namespace) -> tuple[str, str]:
     from raykv.demo.tiny_model import build_bench_long_model, build_bench_model, build_tiny_model
 
     name = model_name(args)
-    builders = {"tiny": build_tiny_model, "bench": build_bench_model, "bench-long": build_bench_long_model}
-    return (builders[name](), name) if name in builders else (name, name)
+    builders = {"bench": build_bench_model, "bench-long": build_bench_long_model, "tiny": build_tiny_model}
+    if name in builders:
+        return builders[name](), name
+    _model_dir_config(name)  # a clear error before any replica starts
+    return name, name
+
+
+def _model_dir_config(name: str) -> dict[str, object]:
+    """The config.json of ``--model`` given as a directory; the error names the built-in models too."""
+    try:
+        return model_config(name)
+    except ArgumentError as e:
+        raise ArgumentError(
+            "--model", f"{str(e).partition(': ')[2]} (or one of {', '.join(BUILT_IN_MODELS)})"
+        ) from None
 
 
 def model_positions(args: argparse.Namespace) -> int:
     """The ``--model``'s ``max_position_embeddings`` (its longest prompt), read without building it."""
-    import json
-    from pathlib import Path
-
     from raykv.demo.tiny_model import BENCH_LONG_CONFIG, CONFIG, ModelConfig, dimension
 
     name = model_name(args)
     known: dict[str, ModelConfig] = {"tiny": CONFIG, "bench": CONFIG, "bench-long": BENCH_LONG_CONFIG}
     if name in known:
         return dimension(known[name], "max_position_embeddings")
-    config = Path(name) / "config.json"
-    if not config.is_file():
-        raise bad_option(f"--model {name}: not 'bench', 'bench-long', 'tiny', or a model directory with a config.json")
-    positions = json.loads(config.read_text()).get("max_position_embeddings")
+    positions = _model_dir_config(name).get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 1:
         raise bad_option(f"--model {name}: its config.json has no max_position_embeddings")
     return positions
@@ -327,7 +337,7 @@ def run(args: argparse.Namespace) -> RoutingResult:
     requests_total = sum(len(s.turns) for s in sessions)
     oracle = oracle_hit_tokens(sessions)
     info = machine()
-    cluster = start_cluster(args.replicas)
+    cluster = start_cluster(args.replicas, model)
     progress = tqdm(total=len(routers) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
     per_router: dict[str, RouterSummary | Failed] = {}
     try:

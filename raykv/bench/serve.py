@@ -547,7 +547,7 @@ def run(args: argparse.Namespace) -> ServeResult:
     requests_total = sum(len(j.prompts) for j in jobs)
     oracle = oracle_hit_tokens(jobs)
     info = machine()
-    cluster = start_cluster(args.replicas)
+    cluster = start_cluster(args.replicas, model)
     url = _start_serve()
     progress = tqdm(total=len(names) * requests_total, file=sys.stderr, disable=args.no_progress, unit="req")
     per: dict[str, ConfigSummary | Failed] = {}

@@ -27,12 +27,17 @@ NODE_CPUS = 4
 OBJECT_STORE_BYTES = 256 << 20
 
 
-def start_cluster(replicas: int) -> Cluster:
+def start_cluster(replicas: int, model: str | None = None) -> Cluster:
     """An embedded cluster of ``replicas`` simulated nodes (the head is one), with the
-    driver connected (``ray.init``). Shut it down with ``ray.shutdown()`` then
+    driver connected (``ray.init``), once ``replicas`` engines of ``model`` are known to
+    fit in memory (``check_replicas_fit``). Shut it down with ``ray.shutdown()`` then
     ``cluster.shutdown()``."""
     import ray
     from ray.cluster_utils import Cluster
+
+    from raykv.demo.replicas import check_replicas_fit
+
+    check_replicas_fit(replicas, model)
 
     cluster = Cluster(
         initialize_head=True,

@@ -13,7 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import ray
 from ray.actor import ActorHandle
@@ -264,10 +264,38 @@ def engine_kwargs(max_model_len: int, engine_blocks: int) -> dict[str, JsonValue
     }
 
 
+#: What ``chunk_bytes`` reads from a model's config.json.
+MODEL_SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+
+
+def model_config(model: str, option: str = "--model") -> dict[str, object]:
+    """``model``'s config.json, checked before anything starts: ``ArgumentError``
+    naming ``option`` when ``model`` is not a model directory whose config.json
+    gives the decoder's shape (``MODEL_SHAPE_FIELDS``)."""
+    what = f"{model!r}"
+    if not os.path.exists(model):
+        raise ArgumentError(option, f"no such model directory {what}")
+    if not os.path.isdir(model):
+        raise ArgumentError(option, f"{what} is a file: give a model directory (a Hugging Face checkpoint)")
+    path = os.path.join(model, "config.json")
+    try:
+        with open(path, "rb") as f:
+            cfg = json.loads(f.read())
+    except FileNotFoundError:
+        raise ArgumentError(option, f"{what} has no config.json: not a Hugging Face model directory") from None
+    except (OSError, ValueError) as e:
+        raise ArgumentError(option, f"cannot read {path!r}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ArgumentError(option, f"{path!r} holds a {type(cfg).__name__}, not a JSON object")
+    bad = [k for k in MODEL_SHAPE_FIELDS if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
+    if bad:
+        raise ArgumentError(option, f"{path!r} gives no integer {', '.join(bad)}: not a decoder model raykv can size")
+    return cfg
+
+
 def chunk_bytes(model: str, block_tokens: int = BLOCK_TOKENS, dtype_bytes: int = 2) -> int:
     """Bytes of one KV block of ``model`` (K and V, all layers): sizes CPU primaries."""
-    with open(f"{model}/config.json") as f:
-        cfg = json.load(f)
+    cfg: dict[str, Any] = model_config(model)
     heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * block_tokens * dtype_bytes
@@ -275,13 +303,71 @@ def chunk_bytes(model: str, block_tokens: int = BLOCK_TOKENS, dtype_bytes: int =
 
 def model_dtype(model: str) -> str:
     """The model's weight dtype (``torch_dtype`` in its config.json)."""
-    with open(f"{model}/config.json") as f:
-        return str(json.load(f).get("torch_dtype", "bfloat16"))
+    return str(model_config(model).get("torch_dtype", "bfloat16"))
 
 
-def start_local_cluster(num_nodes: int, object_store_mib: int = 384) -> tuple[Cluster, list[str]]:
-    """An embedded Ray of ``num_nodes`` simulated nodes; returns it and its node ids (head first)."""
+#: Memory one replica of the demo and benches takes besides its model's weights: a
+#: simulated Ray node (raylet, workers) and a vLLM CPU engine with a 16-block cache.
+#: Measured: ~1.1 GiB each (``raykv demo``, 2 replicas of the bench model, 2026-12-03).
+REPLICA_BASE_BYTES = 1 << 30
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use: Linux's MemAvailable, capped by its
+    cgroup's limit (a container's); None when neither can be read."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+        if limit != "max":
+            found.append(max(int(limit) - current, 0))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_replicas_fit(replicas: int, model: str | None = None, option: str = "--replicas") -> None:
+    """``ArgumentError`` naming ``option`` when ``replicas`` simulated nodes, each with a
+    vLLM engine of ``model`` (a directory: its weight files count), cannot fit in the
+    memory this machine has available: starting them would stall or be killed."""
+    available = available_memory_bytes()
+    if available is None:
+        return
+    weights = 0
+    if model is not None and os.path.isdir(model):
+        for entry in os.scandir(model):
+            if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():
+                weights += entry.stat().st_size
+    each = REPLICA_BASE_BYTES + weights
+    if replicas * each > available:
+        gib = 1 << 30
+        raise ArgumentError(
+            option,
+            f"{replicas} replicas need about {replicas * each / gib:.1f} GiB (each a simulated Ray node with a "
+            f"vLLM engine: about {each / gib:.1f} GiB); this machine has {available / gib:.1f} GiB available, "
+            f"enough for at most {available // each}",
+        )
+
+
+def start_local_cluster(
+    num_nodes: int, object_store_mib: int = 384, model: str | None = None
+) -> tuple[Cluster, list[str]]:
+    """An embedded Ray of ``num_nodes`` simulated nodes; returns it and its node ids (head first).
+    First checks that as many replicas of ``model`` fit in memory (``check_replicas_fit``)."""
     from ray.cluster_utils import Cluster
+
+    check_replicas_fit(num_nodes, model)
 
     mib = 1024 * 1024
     cluster = Cluster(

@@ -119,7 +119,7 @@ def demo(
     trace = build_trace(sessions=sessions, turns=turns, replicas=replicas)
     max_len = model_len_for(trace, BLOCK_TOKENS, output_tokens=REPLY_TOKENS)
     cpu_bytes = deployment_primary_chunks(ENGINE_BLOCKS) * chunk_bytes(model_path)
-    cluster, nodes = start_local_cluster(replicas)
+    cluster, nodes = start_local_cluster(replicas, model=model_path)
     progress = tqdm(total=2 * len(trace), disable=not show_progress, file=sys.stderr, unit="req")
     try:
         with tempfile.TemporaryDirectory(prefix="raykv-demo-fs-") as fs_root:

@@ -61,7 +61,7 @@ def test_its_options_are_checked_before_a_cluster_starts() -> None:
     configs, note = flood.check_options(args)
     assert args.prefix_tokens == 20480 == args.flood_tokens and note == "" and args.max_model_len == 32768
     assert flood.engine_blocks(args) == 2 * 160 + 4
-    with pytest.raises(ValueError, match="--model /nonexistent"):
+    with pytest.raises(ValueError, match="--model: no such model directory '/nonexistent'"):
         flood.check_options(parse(["bench", "flood", "--model", "/nonexistent"]))
 
 

@@ -64,7 +64,10 @@ def test_model_choice() -> None:
     for argv in (["--tiny"], ["--model", "tiny"], ["--quick"]):
         path, name = routing.resolve_model(_args(*argv))
         assert name == "tiny" and path.endswith(MODEL_NAME), argv
-    assert routing.resolve_model(_args("--model", "/models/x")) == ("/models/x", "/models/x")
+    model_dir = path  # a model directory goes through as it is, once its config.json is read
+    assert routing.resolve_model(_args("--model", model_dir)) == (model_dir, model_dir)
+    with pytest.raises(ValueError, match=r"--model: no such model directory '/models/x' \(or one of bench, "):
+        routing.resolve_model(_args("--model", "/models/x"))
     with pytest.raises(ValueError, match="--tiny"):
         routing.resolve_model(_args("--tiny", "--model", "bench"))
 
