@@ -11,6 +11,7 @@ from typing import Protocol
 
 from raykv.core.contract import JobResult, TransferJob
 from raykv.core.keys import OffloadKey
+from raykv.core.logs import Throttled
 
 logger = logging.getLogger(__name__)
 
@@ -141,20 +142,8 @@ class FailureLog:
 
     def __init__(self, what: str, period_s: float = 10.0) -> None:
         self.what = what
-        self.period_s = period_s
-        self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
-        self._quiet: dict[str, int] = {}
+        self._throttled = Throttled(logger, period_s)
 
     def note(self, kind: str, reason: str, error: str | None) -> bool:
         """Record one failure; True when it was logged."""
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(reason, -1e18) < self.period_s:
-                self._quiet[reason] = self._quiet.get(reason, 0) + 1
-                return False
-            self._last[reason] = now
-            quiet = self._quiet.pop(reason, 0)
-        more = f" (+{quiet} more {reason} failures since the last report)" if quiet else ""
-        logger.warning("%s %s job failed [%s]: %s%s", self.what, kind, reason, error, more)
-        return True
+        return self._throttled.warning("%s %s job failed [%s]: %s", self.what, kind, reason, error, key=reason)

@@ -14,6 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
+from collections.abc import Callable
 
 #: The environment variable read at import.
 LOG_LEVEL_ENV = "RAYKV_LOG_LEVEL"
@@ -59,3 +62,33 @@ def configure_cli() -> None:
 class _CliFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return f"raykv: {record.levelname.lower()}: {record.getMessage()}"
+
+
+class Throttled:
+    """A warning that can repeat every engine step (a dead directory, say): logged at most
+    once per ``period_s`` per message, with how many were not logged in between."""
+
+    def __init__(
+        self, log: logging.Logger, period_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.log = log
+        self.period_s = period_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._quiet: dict[str, int] = {}
+
+    def warning(self, message: str, *args: object, key: str | None = None) -> bool:
+        """Log ``message % args`` unless the same ``key`` (default: the message) was logged
+        less than ``period_s`` ago; True when logged."""
+        key = message if key is None else key
+        now = self._clock()
+        with self._lock:
+            if now - self._last.get(key, -1e18) < self.period_s:
+                self._quiet[key] = self._quiet.get(key, 0) + 1
+                return False
+            self._last[key] = now
+            quiet = self._quiet.pop(key, 0)
+        more = f" (and {quiet} more like it since the last report)" if quiet else ""
+        self.log.warning(message + "%s", *args, more)
+        return True

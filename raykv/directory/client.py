@@ -21,6 +21,7 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.core.keys import bytes_and_length, checked_keys, shard_of
+from raykv.core.logs import Throttled
 from raykv.core.outcomes import CallOutcome, wait_all
 from raykv.core.placement import PrefixHit, holder_codes, prefix_from_codes
 from raykv.core.validate import ArgumentError, timeout_arg
@@ -34,6 +35,8 @@ from raykv.directory.view_overlay import ViewOverlay
 from raykv.metrics.step_cost import COUNTS
 
 logger = logging.getLogger(__name__)
+#: Lookups fail every step while the directory is down (``raykv stop``): one warning per 10 s.
+_failures = Throttled(logger)
 
 
 def shard_ids(keys: Sequence[bytes] | PackedKeys, num_shards: int) -> np.ndarray | None:
@@ -364,7 +367,7 @@ class LookupCache:
         try:
             pending = self._send(keys)
         except Exception as e:  # directory unreachable: answer "nobody"
-            logger.warning("directory lookup failed to send: %r", e)
+            _failures.warning("directory lookup failed to send: %r", e)
             self._answer(keys, [[] for _ in keys])
             return
         with self._lock:
@@ -408,14 +411,14 @@ class LookupCache:
                         self.round_trips.observe(self._timed[id(p)] - p.sent_at)  # (not the idle time since)
                     answers = p.result(timeout=0)
                 elif time.monotonic() - p.sent_at > self.max_wait_s:
-                    logger.warning("directory lookup of %d keys timed out", len(p.keys))
+                    _failures.warning("directory lookup of %d keys timed out", len(p.keys))
                     answers = [[] for _ in p.keys]
                 else:
                     if id(p) in self._timed:
                         self._timed[id(p)] = time.monotonic()
                     continue
             except Exception as e:  # a shard died mid-lookup: treat as misses
-                logger.warning("directory lookup failed: %r", e)
+                _failures.warning("directory lookup failed: %r", e)
                 answers = [[] for _ in p.keys]
             self._settle(p, answers)
 
@@ -442,7 +445,7 @@ class LookupCache:
         try:
             pending = self._send(unknown)
         except Exception as e:  # directory unreachable: answer "nobody"
-            logger.warning("directory lookup failed to send: %r", e)
+            _failures.warning("directory lookup failed to send: %r", e)
             self._answer(unknown, [[] for _ in unknown])
             return True
         t0 = time.perf_counter_ns()
@@ -458,7 +461,7 @@ class LookupCache:
             try:
                 answers = pending.result(timeout=0)
             except Exception as e:  # a shard died mid-lookup: treat as misses
-                logger.warning("directory lookup failed: %r", e)
+                _failures.warning("directory lookup failed: %r", e)
                 answers = [[] for _ in unknown]
             self._settle(pending, answers)
             return True

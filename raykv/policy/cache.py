@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import ActorDiedError
 
 from raykv.core.background import SessionEnded, wait_answer
 from raykv.core.contract import ReqContext, RequestOffloadingContext
@@ -20,13 +22,30 @@ class PolicyCache:
     """The namespace's policy rules, kept fresh by a background long poll.
 
     ``decide`` answers from memory: no directory call per request.
+
+    The long poll also tells whether raykv still runs: the control actor is
+    restarted by Ray when it crashes, so a call that finds it dead for good
+    (``ActorDiedError``) means raykv was stopped (``raykv stop``). Then, once a
+    second, ``find_control`` looks for a new control actor under the name; one
+    that answers is ``successor`` (raykv was started again) and the poll ends:
+    the process's tiers attach to the new services (``raykv.engine.reattach``).
     """
 
-    def __init__(self, control: ActorHandle, refresh_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        control: ActorHandle,
+        refresh_s: float = 5.0,
+        find_control: Callable[[], ActorHandle | None] | None = None,
+    ) -> None:
         self._control = control
         self.refresh_s = refresh_s
         self.version = -1
         self.rules: list[PolicyRule] = []
+        self._find_control = find_control
+        #: Set once the control actor was found dead for good (raykv stopped).
+        self.control_gone = False
+        #: A live control actor of a raykv started again after ``control_gone``.
+        self.successor: ActorHandle | None = None
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="raykv-policy-refresh", daemon=True)
@@ -51,8 +70,35 @@ class PolicyCache:
             except Exception as e:
                 if self._stop.is_set() or not ray.is_initialized():
                     return
-                logger.debug("policy refresh failed: %r", e)
+                if isinstance(e, ActorDiedError) and self._find_control is not None:
+                    if not self.control_gone:
+                        logger.warning(
+                            "raykv's control actor is gone (raykv stopped?): this engine's raykv tiers miss "
+                            "until raykv is started again, then attach to it"
+                        )
+                    self.control_gone = True
+                    if self._found_successor(session):
+                        return
+                else:
+                    logger.debug("policy refresh failed: %r", e)
                 self._stop.wait(min(self.refresh_s, 1.0))
+
+    def _found_successor(self, session: str | None) -> bool:
+        """Whether a new control actor runs under the name and answers (sets ``successor``)."""
+        assert self._find_control is not None
+        try:
+            found = self._find_control()
+            if found is None:
+                return False
+            wait_answer(found.wait_rules.remote(-1, 0.0), 30.0, session)
+        except SessionEnded:
+            raise
+        except Exception as e:  # not (yet) a live one: look again later
+            logger.debug("no live control actor yet: %r", e)
+            return False
+        self.successor = found
+        logger.warning("raykv was started again: this engine's raykv tiers attach to it")
+        return True
 
     def decide(self, tier_type: str, req: ReqContext) -> RequestOffloadingContext:
         return decide(self.rules, tier_type, req)

@@ -178,8 +178,31 @@ class RaykvServices:
     def policy(self) -> PolicyCache:
         """The policy-rule cache (its background refresh starts on first use)."""
         if self._policy is None:
-            self._policy = PolicyCache(self.control, self.config.policy_refresh_s)
+            namespace = self.namespace
+            self._policy = PolicyCache(
+                self.control,
+                self.config.policy_refresh_s,
+                find_control=lambda: _get_actor(naming.CONTROL_ACTOR, namespace),
+            )
         return self._policy
+
+    @property
+    def restarted(self) -> bool:
+        """Whether these services were stopped (``raykv stop``) and raykv started
+        again in the namespace since: this process's tiers should attach anew
+        (``raykv.engine.reattach``). Read from the policy cache's long poll: no call."""
+        policy = self._policy
+        return policy is not None and policy.successor is not None
+
+    def retire(self) -> None:
+        """Forget these (stopped) services in this process: the next ``attach``
+        finds the running ones. Their handles stay valid for whoever holds them."""
+        with _lock:
+            for key, services in list(_attached.items()):
+                if services is self:
+                    del _attached[key]
+        if self._policy is not None:
+            self._policy.close(timeout=0.0)
 
     @staticmethod
     def node_id() -> str:

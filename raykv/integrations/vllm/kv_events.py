@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 #: Media of the engine's own cache in vLLM's events (offloading tiers report CPU, DISK...).
 ENGINE_MEDIA = (None, "GPU", "gpu")
+#: How long ``replace_actor`` tries to start the new actor under the old one's name.
+SWAP_TIMEOUT_S = 10.0
 
 
 def connect_endpoint(kv_events_config: KVEventsConfig | None) -> str | None:
@@ -73,7 +76,6 @@ class EngineEventsBridge:
             return bridge
 
     def __init__(self, namespace: str, endpoint: str, topic: str, tag: bytes) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.namespace = namespace
         self.endpoint = endpoint
@@ -81,17 +83,11 @@ class EngineEventsBridge:
         self.tag = tag
         node_id = process_node_id()  # the replica's node, also on a simulated cluster
         self.info = engine_cache.holder_info(namespace, node_id, os.environ.get(OWNER_ENV) or None)
-        # Owned by this process (not detached): it dies with the engine, and the
-        # directory, which watches it, drops the engine's blocks at once.
-        # mypy does not apply class decorators: @ray.remote made the class an ActorClass.
-        actor_class = cast("ActorClass[engine_cache.EngineCacheActor]", engine_cache.EngineCacheActor)
-        actor = actor_class.options(
-            name=self.info.actor_name,
-            namespace=namespace,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=True),
-        ).remote(self.info, namespace)
-        assert isinstance(actor, ActorHandle)  # Ray's stubs also allow the class itself
-        self.actor: ActorHandle = actor
+        self._node_id = node_id
+        self.actor: ActorHandle = self._start_actor()
+        #: Set by ``replace_actor``: the thread starts a new actor before its next batch.
+        self._replace = threading.Event()
+        self._actor_gone = False  # its calls fail for good: batches are dropped until replaced
         self.batches = 0
         self.errors = 0
         self._parent = os.getppid()
@@ -104,6 +100,48 @@ class EngineEventsBridge:
         logger.info(
             "raykv: engine KV events from %s -> %s (replica %s)", endpoint, self.info.actor_name, self.info.owner
         )
+
+    def _start_actor(self) -> ActorHandle:
+        """This engine's ``EngineCacheActor``. Owned by this process (not detached): it dies
+        with the engine, and the directory, which watches it, drops the engine's blocks at once."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # mypy does not apply class decorators: @ray.remote made the class an ActorClass.
+        actor_class = cast("ActorClass[engine_cache.EngineCacheActor]", engine_cache.EngineCacheActor)
+        actor = actor_class.options(
+            name=self.info.actor_name,
+            namespace=self.namespace,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=True),
+        ).remote(self.info, self.namespace)
+        assert isinstance(actor, ActorHandle)  # Ray's stubs also allow the class itself
+        return actor
+
+    def replace_actor(self) -> None:
+        """After raykv was stopped and started again: record the engine's cache in a new
+        actor at the new directory (from the next batch on; blocks cached before are not
+        listed again until the engine stores them anew). Never blocks; idempotent per restart."""
+        self._replace.set()
+
+    def _swap_actor(self) -> None:
+        """On the bridge's thread: kill the old actor and start its successor under the same
+        name (freed shortly after the kill: tried for ``SWAP_TIMEOUT_S``)."""
+        self._replace.clear()
+        try:
+            ray.kill(self.actor)
+        except Exception:  # noqa: BLE001 - already dead (raykv stop kills it)
+            pass
+        deadline = time.monotonic() + SWAP_TIMEOUT_S
+        while True:
+            try:
+                self.actor = self._start_actor()
+                break
+            except ValueError as e:  # the name is still the old actor's
+                if time.monotonic() > deadline:
+                    logger.warning("raykv: no new engine cache actor: %r", e)
+                    return
+                time.sleep(0.2)
+        self._actor_gone = False
+        logger.info("raykv: engine KV events now go to a new %s", self.info.actor_name)
 
     def count_loads(self, tier: str, blocks_loaded: Callable[[], int]) -> None:
         """Report this engine's blocks loaded from raykv tier ``tier`` with its
@@ -164,8 +202,15 @@ class EngineEventsBridge:
                         continue
                     if error is not None:  # the engine serves on; the directory just lags
                         self.errors += 1
-                        logger.warning("raykv: engine cache actor call failed: %s", error)
+                        if not self._actor_gone:
+                            logger.warning("raykv: engine cache actor call failed: %s", error)
+                        self._actor_gone = isinstance(error, ray.exceptions.ActorDiedError)
                     inflight = None
+                if self._replace.is_set():
+                    self._swap_actor()
+                if self._actor_gone:  # raykv stopped: nobody to tell until it runs again
+                    stored, removed, cleared = {}, set(), False
+                    continue
                 if stored or removed or cleared:
                     inflight = CallOutcome(self.actor.apply.remote(list(stored), list(removed), cleared, self._loads()))
                     self.batches += 1

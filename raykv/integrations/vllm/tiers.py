@@ -60,6 +60,7 @@ from raykv.core.factory import TierFactory  # noqa: E402
 from raykv.core.identity import KVIdentity  # noqa: E402
 from raykv.core.wire import JsonValue  # noqa: E402
 from raykv.engine.pin_renewal import PinRenewals  # noqa: E402
+from raykv.engine.reattach import TierReattach  # noqa: E402
 from raykv.integrations.vllm import compat  # noqa: E402
 from raykv.integrations.vllm.convert import (  # noqa: E402
     to_raykv_context,
@@ -205,19 +206,27 @@ class RaykvTier(SecondaryTierManager):
         config: dict[str, JsonValue] = {"type": raykv_type, **options}
         if module_path:
             config["module_path"] = module_path
-        self.raykv_tier: contract.SecondaryTier = TierFactory.create_tier(
-            config, primary_kv_view, where=f"secondary_tiers[{tier_type}]", identity=self.identity
-        )
+        spec_config = getattr(offloading_spec, "config", None)
+        if kv_events is None:
+            kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))
+        identity = self.identity
+
+        def make_tier() -> contract.SecondaryTier:
+            tier = TierFactory.create_tier(
+                config, primary_kv_view, where=f"secondary_tiers[{tier_type}]", identity=identity
+            )
+            if kv_events and hasattr(tier, "enable_events"):
+                tier.enable_events()
+            return tier
+
+        self.raykv_tier: contract.SecondaryTier = make_tier()
+        #: After ``raykv stop`` then ``raykv start``: the same tier, attached anew.
+        self.reattach = TierReattach(make_tier, f"{raykv_type} tier")
         if not compat.salt_tenant_requests(self.raykv_tier.tenant_sharing):
             logger.warning(
                 "vLLM %s: a tenant label does not scope the engine's own prefix cache (use cache_salt)",
                 compat.version(),
             )
-        spec_config = getattr(offloading_spec, "config", None)
-        if kv_events is None:
-            kv_events = bool(getattr(spec_config, "enable_kv_cache_events", False))
-        if kv_events and hasattr(self.raykv_tier, "enable_events"):
-            self.raykv_tier.enable_events()
         self.engine_events = (
             forward_engine_events(offloading_spec, self.raykv_tier, raykv_type, self.identity.tag)
             if engine_cache
@@ -270,14 +279,17 @@ class RaykvTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable[JobResult]:
         t0 = _now()
         try:
-            return to_vllm_results(self.raykv_tier.get_finished_jobs())
+            results = self.raykv_tier.get_finished_jobs()
+            if self.reattach.has_pending_work():  # a tier replaced after a raykv restart: its jobs end too
+                results = [*results, *self.reattach.finished_jobs()]
+            return to_vllm_results(results)
         finally:
             self.step_cost.ns += _now() - t0
 
     def has_pending_work(self) -> bool:
         t0 = _now()
         try:
-            return self.raykv_tier.has_pending_work()
+            return self.raykv_tier.has_pending_work() or self.reattach.has_pending_work()
         finally:
             self.step_cost.ns += _now() - t0
 
@@ -314,6 +326,9 @@ class RaykvTier(SecondaryTierManager):
                 for ctx, keys in self.pin_renewals.due():
                     self.raykv_tier.touch(keys, ctx)
             self.raykv_tier.on_schedule_end()
+            replacement = self.reattach.poll(self.raykv_tier)
+            if replacement is not None:
+                self._attach(replacement)
         finally:
             cost.ns += _now() - t0
             if cost.closer is self:
@@ -359,7 +374,15 @@ class RaykvTier(SecondaryTierManager):
         cost.export()  # what the last second measured
         if self.engine_events is not None:
             self.engine_events.stop()
+        self.reattach.shutdown()
         self.raykv_tier.shutdown()
+
+    def _attach(self, tier: contract.SecondaryTier) -> None:
+        """Use ``tier``, built anew after raykv restarted (``raykv.engine.reattach``);
+        the engine's own-cache entries go to a new actor at the new directory."""
+        self.raykv_tier = tier
+        if self.engine_events is not None:
+            self.engine_events.replace_actor()
 
 
 class RaykvObjectStoreTier(RaykvTier):

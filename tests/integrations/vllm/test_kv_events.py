@@ -22,6 +22,7 @@ from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.integrations.vllm.hashing import block_hashes
 from raykv.serve.routing import EngineLayout, request_keys
+from tests.cli_run import run_raykv
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
@@ -61,7 +62,7 @@ def raykv_services_ns(ray_local) -> Iterator[Any]:
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
     services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
     yield services
-    services.shutdown()
+    raykv.attach(NAMESPACE).shutdown()  # the running services (a test restarts them)
     if old is None:
         os.environ.pop("RAY_ADDRESS", None)
     else:
@@ -119,6 +120,37 @@ def test_evicted_blocks_leave_the_directory(engine) -> None:
     last = make_prompt_tokens(5 * 128 + 40, 5)
     wait_until(
         lambda: all(_engine_holding(engine, last)), timeout_s=20.0, what="the last prompt's blocks in the directory"
+    )
+
+
+def test_engine_blocks_are_listed_again_after_raykv_is_stopped_and_started(engine) -> None:
+    """An operator's `raykv stop` then `raykv start` while the engine runs: the engine's
+    tier attaches to the new services and its cache is listed by a new engine actor."""
+    import raykv
+
+    address = ray.get_runtime_context().gcs_address
+    stopped = run_raykv("stop", namespace=NAMESPACE, address=address)
+    assert stopped.returncode == 0, stopped.stderr
+    _generate(engine["llm"], make_prompt_tokens(3 * 128, 40))  # served meanwhile (nobody to tell)
+    started = run_raykv("start", namespace=NAMESPACE, address=address)
+    assert started.returncode == 0, started.stderr
+    engine["services"].retire()  # this process's handles are the stopped services'
+    engine["services"] = raykv.attach(NAMESPACE)
+    seeds = iter(range(50, 1000))
+
+    def listed() -> bool:
+        prompt = make_prompt_tokens(2 * 128 + 5, next(seeds))
+        _generate(engine["llm"], prompt)
+        return all(_engine_holding(engine, prompt))
+
+    # (the engine notices within a second of polling; each step here is a new prompt)
+    # (ValueError: the engine's tier has not registered its identity at the new services yet)
+    wait_until(
+        listed,
+        timeout_s=60.0,
+        interval_s=0.5,
+        ignore=(ValueError,),
+        what="the engine's new blocks in the restarted directory",
     )
 
 

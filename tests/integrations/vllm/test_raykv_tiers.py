@@ -73,7 +73,7 @@ def raykv_llm(request, vllm_env, tiny_model, ray_for_vllm, tmp_path_factory) -> 
     kind = request.param
     root = tmp_path_factory.mktemp("raykv-fs")
     tier = {"type": "fs", "root": str(root)} if kind == "fs" else {"type": "object_store", "capacity_bytes": 64 << 20}
-    services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
     llm = LLM(
         model=tiny_model,
         max_model_len=2048,
@@ -92,7 +92,7 @@ def raykv_llm(request, vllm_env, tiny_model, ray_for_vllm, tmp_path_factory) -> 
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
-    services.shutdown()
+    raykv.attach(NAMESPACE).shutdown()  # the running services (a test restarts them)
 
 
 def _holds(kind: str, actor: Any, blocks: int) -> bool:
@@ -109,23 +109,31 @@ def _holds(kind: str, actor: Any, blocks: int) -> bool:
     return bool(counters.get("stores_answered", 0) == counters.get("store_calls", 0))
 
 
-def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
-    kind, llm, actor = raykv_llm
-    _generate(llm, make_prompt_tokens(PROMPT_LEN, 100))  # one-off kernel set-up
-    prompt = make_prompt_tokens(PROMPT_LEN, 0)
+def _compute_then_evict(kind: str, llm: Any, actor: Any, seed: int, held: int = 0) -> tuple[list[int], Any, float]:
+    """Compute prompt ``seed``, then three others (seeds + 1..3) that evict it from the
+    engine cache and the primary, each once its blocks are in the tier (which held
+    ``held`` blocks before); returns the first prompt and its cold output and TTFT."""
+    prompt = make_prompt_tokens(PROMPT_LEN, seed)
     cold, cold_s = _generate(llm, prompt)
     assert cold.num_cached_tokens == 0
     # Each prompt's 7 blocks reach the tier (their cascade done, so the primary may
     # evict them) before the next prompt needs room: else the primary keeps chunks
     # of prompt 0 that were still pinned and evicts others (seen on vLLM 0.29).
-    wait_until(lambda: _holds(kind, actor, 2 * 7), timeout_s=20.0, what=f"the {kind} tier to hold 2 prompts")
-    for seed in (1, 2, 3):  # evict prompt 0 from the engine cache and the primary
-        _generate(llm, make_prompt_tokens(PROMPT_LEN, seed))
+    wait_until(lambda: _holds(kind, actor, held + 7), timeout_s=20.0, what=f"the {kind} tier to hold the prompt")
+    for i in (1, 2, 3):
+        _generate(llm, make_prompt_tokens(PROMPT_LEN, seed + i))
         wait_until(
-            lambda n=2 + seed: _holds(kind, actor, n * 7),
+            lambda n=held + 7 * (1 + i): _holds(kind, actor, n),
             timeout_s=20.0,
-            what=f"the {kind} tier to hold {2 + seed} prompts",
+            what=f"the {kind} tier to hold {1 + i} prompts",
         )
+    return prompt, cold, cold_s
+
+
+def test_evicted_prompt_is_served_from_the_raykv_tier(raykv_llm) -> None:
+    kind, llm, actor = raykv_llm
+    _generate(llm, make_prompt_tokens(PROMPT_LEN, 100))  # one-off kernel set-up
+    prompt, cold, cold_s = _compute_then_evict(kind, llm, actor, 0, held=7)  # (100's blocks: 7)
 
     loads_before = ray.get(actor.stats.remote()).figures
     before = _hits_by_source(llm)
@@ -284,3 +292,65 @@ def test_odd_kv_transfer_params_succeed_and_equal_recompute(raykv_llm) -> None:
     finally:
         services.remove_rule("odd-persist")
         services.remove_rule("odd-tenant")
+
+
+def _tier_actor_name(kind: str) -> str | None:
+    """The name of the test's live tier actor (the module's one fs root, or this node's object store)."""
+    if kind == "object_store":
+        return naming.object_store_actor(ray.get_runtime_context().get_node_id())
+    prefix = naming.fs_actor("")[: -len(naming.root_digest(""))]
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return next((e["name"] for e in named if e["namespace"] == NAMESPACE and e["name"].startswith(prefix)), None)
+
+
+def _live_actor(name: str | None) -> Any:
+    """Actor ``name`` of the test's namespace once it answers, else None."""
+    if name is None:
+        return None
+    try:
+        actor = ray.get_actor(name, namespace=NAMESPACE)
+        ray.get(actor.raykv_ping.remote(), timeout=5)
+    except Exception:  # noqa: BLE001 - not started (yet), or the dead one's name
+        return None
+    return actor
+
+
+def test_engine_attaches_again_after_raykv_is_stopped_and_started(raykv_llm) -> None:
+    """``raykv stop`` while the engine runs: its requests still succeed (computed, their
+    stores failing fast); ``raykv start`` again: the engine's tier attaches to the new
+    services by itself, and an evicted prompt is served from the tier once more."""
+    import raykv
+
+    kind, llm, old_actor = raykv_llm
+    name = _tier_actor_name(kind)
+    assert name is not None
+    raykv.attach(NAMESPACE).shutdown()  # what `raykv stop` does
+    for seed in (80, 81):  # served all the same, computed
+        out, _ = _generate(llm, make_prompt_tokens(PROMPT_LEN, seed))
+        assert out.num_cached_tokens == 0 and len(out.outputs[0].token_ids) == 1
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(old_actor.keys.remote(), timeout=10)
+
+    started = time.monotonic()
+    raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
+    # The engine's policy long poll notices within a second; its next steps build the
+    # tier again, which starts the tier's actor. Requests meanwhile are computed.
+    seeds = iter(range(200, 10_000))
+
+    def storing() -> Any:
+        """The new tier actor once the engine's stores reach it."""
+        _generate(llm, make_prompt_tokens(PROMPT_LEN, next(seeds)))  # steps the engine; 7 blocks to store
+        actor = _live_actor(name)
+        return actor if actor is not None and ray.get(actor.keys.remote()) else None
+
+    new_actor = wait_until(
+        storing, timeout_s=60.0, interval_s=0.5, what=f"the engine's {kind} tier to store to the restarted raykv"
+    )
+    print(f"[{kind}] the engine stored to the restarted raykv {time.monotonic() - started:.1f} s after it started")
+    wait_until(lambda: _holds(kind, new_actor, 7), timeout_s=20.0, what="the last prompt's stores to end")
+    held = len(ray.get(new_actor.keys.remote()))
+    prompt, cold, _ = _compute_then_evict(kind, llm, new_actor, 90, held=held)
+    warm, _ = _generate(llm, prompt)
+    assert warm.num_cached_tokens == CACHEABLE
+    cold_lp, warm_lp = cold.outputs[0].logprobs[0], warm.outputs[0].logprobs[0]
+    assert {t: lp.logprob for t, lp in cold_lp.items()} == {t: lp.logprob for t, lp in warm_lp.items()}

@@ -34,3 +34,24 @@ def test_a_bad_level_is_named_and_ignored() -> None:
     assert done.returncode == 0, done.stderr
     assert "RAYKV_LOG_LEVEL='chatty' ignored: allowed values are debug, info, warning, error" in done.stderr
     assert "decision inputs 42" not in done.stderr
+
+
+def test_a_repeating_warning_is_logged_once_per_period_with_the_count_between(caplog) -> None:
+    import logging
+
+    from raykv.core.logs import Throttled
+
+    clock = [100.0]
+    throttled = Throttled(logging.getLogger("raykv.test.throttled"), period_s=10.0, clock=lambda: clock[0])
+    with caplog.at_level(logging.WARNING, logger="raykv.test.throttled"):
+        assert throttled.warning("lookup failed: %r", "A")
+        assert not throttled.warning("lookup failed: %r", "B")
+        assert not throttled.warning("lookup failed: %r", "C")
+        assert throttled.warning("another problem")  # each message has its own period
+        clock[0] += 10.0
+        assert throttled.warning("lookup failed: %r", "D")
+    assert [r.getMessage() for r in caplog.records] == [
+        "lookup failed: 'A'",
+        "another problem",
+        "lookup failed: 'D' (and 2 more like it since the last report)",
+    ]
