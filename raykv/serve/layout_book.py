@@ -4,7 +4,9 @@ The router names a prompt's keys per engine layout (identity tag, tokens per
 block hash, blocks per chunk: ``EngineLayout``), read from the control
 actor's registered identities. Once known they are refreshed in the
 background, so a routing decision never waits on that call; only the first
-decisions (nothing known yet) do, at most once a second.
+decisions (nothing known yet) do, at most once a second. A refresh that finds
+raykv stopped forgets its services and layouts (decisions fall back to load
+alone) and attaches again, at most once a second, once raykv is started anew.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
+
+from ray.exceptions import ActorDiedError
 
 from raykv.core.tenants import ISOLATED, TenantSharing
 from raykv.serve.routing import EngineLayout
@@ -61,7 +65,14 @@ class LayoutBook:
 
             self.services = await asyncio.to_thread(attach, self.namespace)
             self.sharing = TenantSharing(getattr(self.services.config, "shared_tenants", None))
-        identities = await self.services.control.identities.remote()
+        try:
+            identities = await self.services.control.identities.remote()
+        except ActorDiedError:
+            # raykv was stopped (``raykv stop``; Ray restarts a crashed control actor):
+            # forget its services, so a later read attaches to a raykv started anew.
+            self.services.retire()
+            self.services, self._layouts = None, []
+            raise
         self._layouts = [
             EngineLayout.from_identity(tag, ident)
             for tag, ident in sorted(identities.items())
