@@ -349,11 +349,13 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config)
     running_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
     running = ray.get(running_ref)
-    if running.directory_shards != config.directory_shards:
+    differences = _config_differences(running, config)
+    if differences:
         logger.warning(
-            "raykv already runs in namespace %r with %d directory shards; keeping them",
+            "raykv already runs in namespace %r with other settings: %s; keeping them (to change them: "
+            "`raykv stop`, then `raykv start`; running engines attach to the new services)",
             ns,
-            running.directory_shards,
+            "; ".join(differences),
         )
     shards = [
         _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
@@ -367,6 +369,18 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
         services.start_tier_services(tier, f"tiers[{i}]")
     grafana.provision()
     return services
+
+
+def _config_differences(running: RaykvConfig, asked: RaykvConfig) -> list[str]:
+    """The cluster-wide settings of ``asked`` that the running services do not have,
+    as ``"name running (asked value)"``. Tiers are not compared: ``start`` starts the
+    asked ones beside the running ones."""
+    have, want = running.to_dict(), asked.to_dict()
+    return [
+        f"{name} {have.get(name)!r} (asked {value!r})"
+        for name, value in want.items()
+        if name != "tiers" and have.get(name) != value
+    ]
 
 
 def attached_services() -> list[RaykvServices]:

@@ -92,3 +92,19 @@ def test_rules_readers_show_the_version_engines_hold(services):
         what="the long poll to wait at the new version",
     )
     assert services.remove_rule("r") == version + 1
+
+
+def test_starting_again_with_other_settings_keeps_the_running_ones_and_names_each(services, caplog) -> None:
+    with caplog.at_level("WARNING", logger="raykv.services.cluster"):
+        again = raykv.start({"namespace": NS, "directory_shards": 4, "holder_reconcile_s": 0.5, "lookup_wait_ms": 9})
+    assert again.config.directory_shards == 2 and again.config.lookup_wait_ms == services.config.lookup_wait_ms
+    (line,) = [r.getMessage() for r in caplog.records if "already runs" in r.getMessage()]
+    assert line == (
+        f"raykv already runs in namespace {NS!r} with other settings: directory_shards 2 (asked 4); "
+        f"lookup_wait_ms {services.config.lookup_wait_ms!r} (asked 9.0); keeping them (to change them: "
+        "`raykv stop`, then `raykv start`; running engines attach to the new services)"
+    )
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="raykv.services.cluster"):
+        raykv.start({"namespace": NS, "directory_shards": 2, "holder_reconcile_s": 0.5})  # the same: nothing to say
+    assert not [r for r in caplog.records if "already runs" in r.getMessage()]
