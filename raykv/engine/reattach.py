@@ -81,12 +81,15 @@ class TierReattach:
 
     # -- retired tiers -----------------------------------------------------------
     def finished_jobs(self) -> Iterable[JobResult]:
-        """Results of the retired tiers' jobs; a tier with none left in flight goes."""
+        """Results of the retired tiers' jobs; a tier goes once it is shut down and
+        its last results (the jobs its shutdown failed) are taken."""
         out: list[JobResult] = []
         for r in list(self._retired):
-            out.extend(r.tier.get_finished_jobs())
-            if r.done():
-                out.extend(r.tier.get_finished_jobs())  # what its shutdown failed
+            if r.closing is None:
+                out.extend(r.tier.get_finished_jobs())
+                r.close_when_idle()
+            elif not r.closing.is_alive():  # (never polled while its shutdown runs)
+                out.extend(r.tier.get_finished_jobs())
                 self._retired.remove(r)
         return out
 
@@ -100,17 +103,15 @@ class TierReattach:
 
 
 class _Retired:
-    """A replaced tier: shut down (off the caller's thread) once its jobs ended or after ``RETIRE_AFTER_S``."""
+    """A replaced tier, shut down (off the caller's thread) once its jobs ended or after ``RETIRE_AFTER_S``."""
 
     def __init__(self, tier: SecondaryTier) -> None:
         self.tier = tier
         self.since = time.monotonic()
-        self._closing: threading.Thread | None = None
+        self.closing: threading.Thread | None = None
 
-    def done(self) -> bool:
-        if self._closing is None:
-            if self.tier.has_pending_work() and time.monotonic() - self.since < RETIRE_AFTER_S:
-                return False
-            self._closing = threading.Thread(target=self.tier.shutdown, name="raykv-retire", daemon=True)
-            self._closing.start()
-        return not self._closing.is_alive()
+    def close_when_idle(self) -> None:
+        if self.tier.has_pending_work() and time.monotonic() - self.since < RETIRE_AFTER_S:
+            return
+        self.closing = threading.Thread(target=self.tier.shutdown, name="raykv-retire", daemon=True)
+        self.closing.start()
