@@ -137,11 +137,14 @@ def test_engine_blocks_are_listed_again_after_raykv_is_stopped_and_started(engin
     engine["services"].retire()  # this process's handles are the stopped services'
     engine["services"] = raykv.attach(NAMESPACE)
     seeds = iter(range(50, 1000))
+    sent: list[list[int]] = []
 
     def listed() -> bool:
-        prompt = make_prompt_tokens(2 * 128 + 5, next(seeds))
-        _generate(engine["llm"], prompt)
-        return all(_engine_holding(engine, prompt))
+        """A new prompt each time (the engine steps); true once one sent so far is listed
+        (a listing lags its prompt by a batch and a registration: not the newest one)."""
+        sent.append(make_prompt_tokens(2 * 128 + 5, next(seeds)))
+        _generate(engine["llm"], sent[-1])
+        return any(all(_engine_holding(engine, p)) for p in sent[-4:])  # (12 engine blocks: the last 4 fit)
 
     # (the engine notices within a second of polling; each step here is a new prompt)
     # (ValueError: the engine's tier has not registered its identity at the new services yet)
