@@ -73,7 +73,6 @@ from raykv.demo.replicas import (
     chunk_bytes,
     deployment_primary_chunks,
     engine_kwargs,
-    model_config,
     run_trace,
     start_local_cluster,
 )
@@ -193,7 +192,6 @@ def run(args: argparse.Namespace) -> Report:
     tiny = getattr(args, "tiny", False)
     model = args.model or (build_tiny_model() if tiny else build_bench_model())
     model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)
-    model_config(model)  # a clear error before any replica starts
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)

@@ -91,8 +91,9 @@ class PolicyCache:
             if found is None:
                 return False
             wait_answer(found.wait_rules.remote(-1, 0.0), 30.0, session)
-        except SessionEnded:
-            raise
+        except SessionEnded:  # Ray shut down in this process: the poll ends
+            self._stop.set()
+            return False
         except Exception as e:  # not (yet) a live one: look again later
             logger.debug("no live control actor yet: %r", e)
             return False

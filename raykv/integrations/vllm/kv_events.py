@@ -76,7 +76,6 @@ class EngineEventsBridge:
             return bridge
 
     def __init__(self, namespace: str, endpoint: str, topic: str, tag: bytes) -> None:
-
         self.namespace = namespace
         self.endpoint = endpoint
         self.topic = topic
@@ -119,13 +118,20 @@ class EngineEventsBridge:
     def replace_actor(self) -> None:
         """After raykv was stopped and started again: record the engine's cache in a new
         actor at the new directory (from the next batch on; blocks cached before are not
-        listed again until the engine stores them anew). Never blocks; idempotent per restart."""
+        listed again until the engine stores them anew). Never blocks; each raykv tier of
+        the engine asks once per restart, and an actor that answers is kept."""
         self._replace.set()
 
     def _swap_actor(self) -> None:
-        """On the bridge's thread: kill the old actor and start its successor under the same
-        name (freed shortly after the kill: tried for ``SWAP_TIMEOUT_S``)."""
+        """On the bridge's thread: unless the current actor answers (another tier asked
+        first), kill it and start its successor under the same name (freed shortly after
+        the kill: tried for ``SWAP_TIMEOUT_S``)."""
         self._replace.clear()
+        try:
+            ray.get(self.actor.raykv_ping.remote(), timeout=SWAP_TIMEOUT_S)
+            return  # alive: already the restarted raykv's
+        except Exception:  # noqa: BLE001 - dead (raykv stop kills it) or unreachable: replace it
+            pass
         try:
             ray.kill(self.actor)
         except Exception:  # noqa: BLE001 - already dead (raykv stop kills it)
