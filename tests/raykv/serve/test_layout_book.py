@@ -72,7 +72,9 @@ def test_the_router_attaches_again_after_raykv_is_stopped_and_started(ray_local,
             await book._refresh  # the background refresh a decision started
         return [x.tag.hex() for x in layouts]
 
-    assert asyncio.run(read()) == [tiny.tag_hex]
+    # register_identity is fire-and-forget from this driver and the book reads through a
+    # handle of its own, so Ray may run the read first: wait for the registration to land.
+    wait_until(lambda: asyncio.run(read()) == [tiny.tag_hex], timeout_s=20.0, what="the first layouts read")
     first = book.services
     assert run_raykv("stop", namespace=namespace, address=address).returncode == 0
     asyncio.run(read())  # the refresh finds the control actor dead: services and layouts forgotten
