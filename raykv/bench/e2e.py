@@ -117,8 +117,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, default=4, help="vLLM replicas, one per simulated node (default 4)")
     p.add_argument("--sessions", type=int, default=7, help="conversations (default 7; keep it coprime to replicas)")
     p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
-    p.add_argument("--model", help="model path (default: the local bench model; --tiny for the tiny one)")
-    p.add_argument("--tiny", action="store_true", help="the tiny local model (fast; prefill nearly free)")
+    p.add_argument(
+        "--model",
+        help="'bench' (default: the local bench model, prefill priced like a real model's), 'bench-long', "
+        "'tiny' (the tiny local model: fast, prefill nearly free), or a model directory",
+    )
+    p.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
     p.add_argument(
         "--concurrency",
         type=int,
@@ -175,7 +179,7 @@ def run(args: argparse.Namespace) -> Report:
     from tqdm import tqdm
 
     import raykv
-    from raykv.demo.tiny_model import BENCH_MODEL_NAME, MODEL_NAME, build_bench_model, build_tiny_model
+    from raykv.bench.routing import BUILT_IN_MODELS, resolve_model
     from raykv.integrations.vllm import require_vllm
 
     if args.quick:
@@ -189,9 +193,8 @@ def run(args: argparse.Namespace) -> Report:
     at_least(0, concurrency=concurrency)
     require_vllm()
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
-    tiny = getattr(args, "tiny", False)
-    model = args.model or (build_tiny_model() if tiny else build_bench_model())
-    model_name = args.model or (MODEL_NAME if tiny else BENCH_MODEL_NAME)
+    model, name = resolve_model(args, quick_means_tiny=False)
+    model_name = os.path.basename(model) if name in BUILT_IN_MODELS else model  # built-ins by their full name
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)

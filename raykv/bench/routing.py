@@ -258,19 +258,21 @@ def oracle_hit_tokens(sessions: list[Session]) -> int:
     return workload.oracle_hit_tokens(trace, BLOCK)
 
 
-def model_name(args: argparse.Namespace) -> str:
-    """``--model``: 'bench', 'bench-long', 'tiny' or a model directory (``--tiny`` / ``--quick``: 'tiny')."""
-    name = str(args.model or ("tiny" if args.tiny or args.quick else "bench"))
+def model_name(args: argparse.Namespace, quick_means_tiny: bool = True) -> str:
+    """``--model``: 'bench', 'bench-long', 'tiny' or a model directory (``--tiny``, and
+    ``--quick`` where ``quick_means_tiny``: 'tiny')."""
+    tiny = args.tiny or (quick_means_tiny and getattr(args, "quick", False))
+    name = str(args.model or ("tiny" if tiny else "bench"))
     if args.tiny and name != "tiny":
         raise bad_option(f"--tiny and --model {args.model}: pick one")
     return name
 
 
-def resolve_model(args: argparse.Namespace) -> tuple[str, str]:
+def resolve_model(args: argparse.Namespace, quick_means_tiny: bool = True) -> tuple[str, str]:
     """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
     from raykv.demo.tiny_model import build_bench_long_model, build_bench_model, build_tiny_model
 
-    name = model_name(args)
+    name = model_name(args, quick_means_tiny)
     builders = {"bench": build_bench_model, "bench-long": build_bench_long_model, "tiny": build_tiny_model}
     if name in builders:
         return builders[name](), name

@@ -70,6 +70,13 @@ def test_model_choice() -> None:
         routing.resolve_model(_args("--model", "/models/x"))
     with pytest.raises(ValueError, match="--tiny"):
         routing.resolve_model(_args("--tiny", "--model", "bench"))
+    # `bench e2e` takes the same names; its --quick keeps the bench model
+    e2e = build_parser().parse_args(["bench", "e2e", "--quick"])
+    assert routing.resolve_model(e2e, quick_means_tiny=False)[1] == "bench"
+    for argv in (["--tiny"], ["--model", "tiny"]):
+        e2e = build_parser().parse_args(["bench", "e2e", *argv])
+        path, name = routing.resolve_model(e2e, quick_means_tiny=False)
+        assert name == "tiny" and path.endswith(MODEL_NAME), argv
 
 
 def test_report_shows_oracle_shares_and_drops() -> None:
