@@ -68,6 +68,7 @@ from raykv.bench.cpu import cpu_by_role, cpu_delta
 from raykv.core.wire import JsonValue, Report
 from raykv.demo.engine_loop import LoopSteps
 from raykv.demo.messages import Completion
+from raykv.demo.models import full_name, resolve_model
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
     chunk_bytes,
@@ -179,7 +180,6 @@ def run(args: argparse.Namespace) -> Report:
     from tqdm import tqdm
 
     import raykv
-    from raykv.bench.routing import BUILT_IN_MODELS, resolve_model
     from raykv.integrations.vllm import require_vllm
 
     if args.quick:
@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> Report:
     require_vllm()
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
     model, name = resolve_model(args, quick_means_tiny=False)
-    model_name = os.path.basename(model) if name in BUILT_IN_MODELS else model  # built-ins by their full name
+    model_name = full_name(model, name)
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)
     oracle_per_request = oracle_hits([r.prompt_token_ids for r in trace], BLOCK_TOKENS)

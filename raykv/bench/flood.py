@@ -63,11 +63,10 @@ from raykv.bench.routing import (
     URL,
     Usage,
     full_block_tokens,
-    model_positions,
-    resolve_model,
     usage_of,
 )
 from raykv.core.wire import JsonValue, Report
+from raykv.demo.models import model_positions, resolve_model
 
 if TYPE_CHECKING:
     from raykv.bench.routing import EngineWatch

@@ -50,11 +50,10 @@ from raykv.bench.routing import (
     Usage,
     complete,
     full_block_tokens,
-    model_positions,
-    resolve_model,
 )
 from raykv.config.options import RaykvConfig
 from raykv.core.wire import Report
+from raykv.demo.models import model_positions, resolve_model
 
 if TYPE_CHECKING:
     from raykv.demo.replicas import Progress

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, TypedDict, final
 
 from raykv.bench.common import Failed, bad_option, machine, names_option, percentile, table, target, targets_table
 from raykv.core.wire import JsonValue, Report
+from raykv.demo.models import resolve_model
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -507,7 +508,6 @@ def run(args: argparse.Namespace) -> OverloadResult:
     """Run every scenario; returns the JSON result."""
     import ray
 
-    from raykv.bench.routing import resolve_model
     from raykv.bench.serve import _start_serve
     from raykv.bench.serve_app import ENGINE_BLOCKS, start_cluster
     from raykv.demo.replicas import chunk_bytes, deployment_primary_chunks

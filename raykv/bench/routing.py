@@ -57,9 +57,9 @@ from raykv.bench.common import (
     targets_table,
 )
 from raykv.bench.serve_app import ENGINE_BLOCKS, bench_app, start_cluster
-from raykv.core.validate import ArgumentError
 from raykv.core.wire import HolderInfo, JsonValue, Report
-from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK, model_config
+from raykv.demo.models import resolve_model
+from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
 
 if TYPE_CHECKING:
     from raykv.demo.replicas import Progress
@@ -72,8 +72,6 @@ ROUTERS = ("default", "prefix_affinity", "raykv")
 BLOCK = 128
 URL = "http://127.0.0.1:8000/v1/completions"
 MODEL_ID = "bench"
-#: ``--model`` names of raykv's own models (built on first use); anything else is a model directory.
-BUILT_IN_MODELS = ("bench", "bench-long", "tiny")
 #: A router that cannot serve a request in this time is reported as failed (the others still run).
 REQUEST_TIMEOUT_S = 60
 
@@ -256,52 +254,6 @@ def oracle_hit_tokens(sessions: list[Session]) -> int:
     sent = [(s.index, t, tokens) for s in sorted(sessions, key=lambda s: s.late) for t, tokens in enumerate(s.tokens)]
     trace = [workload.TraceRequest(i, session, turn, 0, tokens) for i, (session, turn, tokens) in enumerate(sent)]
     return workload.oracle_hit_tokens(trace, BLOCK)
-
-
-def model_name(args: argparse.Namespace, quick_means_tiny: bool = True) -> str:
-    """``--model``: 'bench', 'bench-long', 'tiny' or a model directory (``--tiny``, and
-    ``--quick`` where ``quick_means_tiny``: 'tiny')."""
-    tiny = args.tiny or (quick_means_tiny and getattr(args, "quick", False))
-    name = str(args.model or ("tiny" if tiny else "bench"))
-    if args.tiny and name != "tiny":
-        raise bad_option(f"--tiny and --model {args.model}: pick one")
-    return name
-
-
-def resolve_model(args: argparse.Namespace, quick_means_tiny: bool = True) -> tuple[str, str]:
-    """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
-    from raykv.demo.tiny_model import build_bench_long_model, build_bench_model, build_tiny_model
-
-    name = model_name(args, quick_means_tiny)
-    builders = {"bench": build_bench_model, "bench-long": build_bench_long_model, "tiny": build_tiny_model}
-    if name in builders:
-        return builders[name](), name
-    _model_dir_config(name)  # a clear error before any replica starts
-    return name, name
-
-
-def _model_dir_config(name: str) -> dict[str, object]:
-    """The config.json of ``--model`` given as a directory; the error names the built-in models too."""
-    try:
-        return model_config(name)
-    except ArgumentError as e:
-        raise ArgumentError(
-            "--model", f"{str(e).partition(': ')[2]} (or one of {', '.join(BUILT_IN_MODELS)})"
-        ) from None
-
-
-def model_positions(args: argparse.Namespace) -> int:
-    """The ``--model``'s ``max_position_embeddings`` (its longest prompt), read without building it."""
-    from raykv.demo.tiny_model import BENCH_LONG_CONFIG, CONFIG, ModelConfig, dimension
-
-    name = model_name(args)
-    known: dict[str, ModelConfig] = {"tiny": CONFIG, "bench": CONFIG, "bench-long": BENCH_LONG_CONFIG}
-    if name in known:
-        return dimension(known[name], "max_position_embeddings")
-    positions = _model_dir_config(name).get("max_position_embeddings")
-    if not isinstance(positions, int) or positions < 1:
-        raise bad_option(f"--model {name}: its config.json has no max_position_embeddings")
-    return positions
 
 
 def primary_chunks(args: argparse.Namespace) -> int:

@@ -69,9 +69,10 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
-from raykv.bench.routing import BLOCK, METRICS_SETTLE_S, oracle_share, primary_chunks, resolve_model, usage_of
+from raykv.bench.routing import BLOCK, METRICS_SETTLE_S, oracle_share, primary_chunks, usage_of
 from raykv.bench.serve_app import ENGINE_BLOCKS
 from raykv.core.wire import JsonValue, Report
+from raykv.demo.models import resolve_model
 from raykv.demo.replicas import PRIMARY_PER_ENGINE_BLOCK
 
 if TYPE_CHECKING:

@@ -100,11 +100,14 @@ def demo(
     model: str | None = None,
     show_progress: bool = True,
     concurrency: int | None = None,
+    model_name: str | None = None,
 ) -> Report:
     """Run both phases; returns the report (what ``--json`` prints).
 
-    ``concurrency``: sessions in flight (default: one per replica); 0 sends one
-    request at a time and waits for each request's offloads (a barrier)."""
+    ``model``: a model directory (default: the bench model), named ``model_name``
+    in the report (default: its path). ``concurrency``: sessions in flight
+    (default: one per replica); 0 sends one request at a time and waits for each
+    request's offloads (a barrier)."""
     import ray
     from tqdm import tqdm
 
@@ -170,7 +173,7 @@ def demo(
         "sessions": sessions,
         "turns": turns,
         "sessions_in_flight": in_flight,
-        "model": BENCH_MODEL_NAME if model is None else model,
+        "model": model_name or (BENCH_MODEL_NAME if model is None else model),
         "prompt_tokens": sum(len(r.prompt_token_ids) for r in trace),
         "oracle_hit_tokens": oracle_hit_tokens(trace, BLOCK_TOKENS),
         "baseline_hit_tokens": base["hit_tokens"],
@@ -245,11 +248,9 @@ def format_report(r: Report) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    model = args.model
-    if getattr(args, "tiny", False):
-        from raykv.demo.tiny_model import build_tiny_model
+    from raykv.demo.models import full_name, resolve_model
 
-        model = model or build_tiny_model()
+    model, name = resolve_model(args, quick_means_tiny=False)
     report = demo(
         replicas=args.replicas,
         sessions=args.sessions,
@@ -257,6 +258,7 @@ def run_demo(args: argparse.Namespace) -> int:
         model=model,
         show_progress=True,
         concurrency=args.concurrency,
+        model_name=full_name(model, name),
     )
     print(json.dumps(report) if args.json else format_report(report))
     return 0 if passed(report) else 1

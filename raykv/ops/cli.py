@@ -183,6 +183,16 @@ def _add_bench_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]"
         bp.set_defaults(func=cmd_bench)
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {text!r}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -293,15 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")
     sp.add_argument("--json", action="store_true", help="print one JSON object")
     sp.add_argument(
-        "--model", help="model path (default: the local bench model, prefill priced like a real model's; cached)"
+        "--model",
+        help="'bench' (default: the local bench model, prefill priced like a real model's; cached), "
+        "'bench-long', 'tiny' (the tiny local model: fast, prefill nearly free), or a model directory",
     )
-    sp.add_argument("--tiny", action="store_true", help="use the tiny local model (fast; prefill nearly free)")
+    sp.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
     sp.add_argument(
         "--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)"
     )
     sp.add_argument(
         "--concurrency",
-        type=int,
+        type=_non_negative_int,
         default=None,
         help="sessions in flight, each turn sent as soon as the last answered (default: one per replica); "
         "0: one request at a time, waiting for its offloads",

@@ -56,29 +56,6 @@ def test_primary_chunks_default_is_the_deployment_rule() -> None:
         routing.primary_chunks(_args("--primary-chunks", "0"))
 
 
-def test_model_choice() -> None:
-    from raykv.demo.tiny_model import BENCH_MODEL_NAME, MODEL_NAME
-
-    path, name = routing.resolve_model(_args())
-    assert name == "bench" and path.endswith(BENCH_MODEL_NAME)
-    for argv in (["--tiny"], ["--model", "tiny"], ["--quick"]):
-        path, name = routing.resolve_model(_args(*argv))
-        assert name == "tiny" and path.endswith(MODEL_NAME), argv
-    model_dir = path  # a model directory goes through as it is, once its config.json is read
-    assert routing.resolve_model(_args("--model", model_dir)) == (model_dir, model_dir)
-    with pytest.raises(ValueError, match=r"--model: no such model directory '/models/x' \(or one of bench, "):
-        routing.resolve_model(_args("--model", "/models/x"))
-    with pytest.raises(ValueError, match="--tiny"):
-        routing.resolve_model(_args("--tiny", "--model", "bench"))
-    # `bench e2e` takes the same names; its --quick keeps the bench model
-    e2e = build_parser().parse_args(["bench", "e2e", "--quick"])
-    assert routing.resolve_model(e2e, quick_means_tiny=False)[1] == "bench"
-    for argv in (["--tiny"], ["--model", "tiny"]):
-        e2e = build_parser().parse_args(["bench", "e2e", *argv])
-        path, name = routing.resolve_model(e2e, quick_means_tiny=False)
-        assert name == "tiny" and path.endswith(MODEL_NAME), argv
-
-
 def test_report_shows_oracle_shares_and_drops() -> None:
     r = {
         "engine_hit_tokens": 600,
