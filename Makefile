@@ -6,12 +6,14 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.raykv-installed
 PYTEST_ARGS ?=
 # The other vLLM releases raykv supports (README "vLLM and Ray versions"):
-# 0.29 (what ray[llm]==2.60 pins) as a second CPU venv; 0.33 (CUDA-only
-# wheel) as its pure-Python modules, put first on PYTHONPATH for API tests.
+# 0.29 (what ray[llm]==2.60 pins) as a second CPU venv; 0.33 and 0.34 (CUDA-only
+# wheels) as their pure-Python modules, put first on PYTHONPATH for API tests.
 VENV029   := .venvs/vllm-0.29
 STAMP029  := $(VENV029)/.raykv-installed
 VLLM033   := .venvs/vllm-0.33
 STAMP033  := $(VLLM033)/.raykv-installed
+VLLM034   := .venvs/vllm-0.34
+STAMP034  := $(VLLM034)/.raykv-installed
 # The vLLM end-to-end and API tests each release runs.
 MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_cross_replica.py \
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
@@ -50,6 +52,11 @@ $(STAMP033): $(STAMP) Makefile
 	$(BIN)/python -m pip install -q --no-deps --target $(VLLM033) vllm==0.33.0
 	touch $(STAMP033)
 
+$(STAMP034): $(STAMP) Makefile
+	rm -rf $(VLLM034)
+	$(BIN)/python -m pip install -q --no-deps --target $(VLLM034) vllm==0.34.0
+	touch $(STAMP034)
+
 demo: $(STAMP)
 	$(BIN)/raykv demo
 
@@ -86,10 +93,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33: the API tests.
-test-vllm-matrix: $(STAMP029) $(STAMP033)
+# vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33 and 0.34: the API tests.
+test-vllm-matrix: $(STAMP029) $(STAMP033) $(STAMP034)
 	PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_E2E)
 	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_API)
+	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM034) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_API)
 
 clean:
 	rm -rf $(VENV) .venvs build *.egg-info

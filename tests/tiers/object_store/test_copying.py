@@ -80,3 +80,16 @@ def test_packs_that_could_not_be_fetched_fail_their_keys():
     ready = received(refs, [TimeoutError(), [np.zeros(BLOCK, np.uint8)]], "pull failed", errors)
     assert errors == {0: "pull failed: TimeoutError", 3: "pull failed: TimeoutError"}
     assert len(ready) == 1 and ready[0].items == [(1, 0)] and len(ready[0].pieces) == 1
+
+
+def test_a_copy_that_began_in_time_stops_at_the_deadline(monkeypatch):
+    """The deadline is read per block: a long copy cannot run past it into slots the engine reuses."""
+    src = np.random.default_rng(4).integers(0, 256, (4, BLOCK), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    pack = pack_of(src, [0, 1, 2], [(0, 0), (1, 1), (2, 2)])
+    deadline = 1000.0
+    clock = iter([deadline - 1, deadline + 1, deadline + 2])  # the first block in time, then past it
+    monkeypatch.setattr(copying.time, "time", lambda: next(clock))
+    ok, bad = copy_packs(dst, BLOCK, [0, 1, 2], [pack], deadline=deadline)
+    assert ok == [0] and set(bad) == {1, 2} and "deadline" in bad[1]
+    assert np.array_equal(dst[0], src[0]) and not dst[1:].any()
