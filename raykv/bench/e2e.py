@@ -71,6 +71,7 @@ from raykv.demo.messages import Completion
 from raykv.demo.models import full_name, resolve_model
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
+    check_replicas_fit,
     chunk_bytes,
     deployment_primary_chunks,
     engine_kwargs,
@@ -191,9 +192,10 @@ def run(args: argparse.Namespace) -> Report:
         1, replicas=args.replicas, sessions=args.sessions, turns=args.turns, rounds=rounds, output_tokens=output_tokens
     )
     at_least(0, concurrency=concurrency)
-    require_vllm()
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
     model, name = resolve_model(args, quick_means_tiny=False)
+    check_replicas_fit(args.replicas, model)  # bad input fails before vLLM's seconds of import
+    require_vllm()
     model_name = full_name(model, name)
     in_flight = args.replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=args.sessions, turns=args.turns, replicas=args.replicas)

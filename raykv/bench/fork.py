@@ -54,6 +54,7 @@ from raykv.bench.routing import (
 from raykv.config.options import RaykvConfig
 from raykv.core.wire import Report
 from raykv.demo.models import model_positions, resolve_model
+from raykv.demo.replicas import check_replicas_fit
 
 if TYPE_CHECKING:
     from raykv.demo.replicas import Progress
@@ -162,8 +163,9 @@ def run(args: argparse.Namespace) -> ForkResult:
     except ValueError as e:
         raise bad_option(f"--pending-max-wait-ms: {e}") from None
     configs = names_option("--configs", args.configs, CONFIGS)
-    require_vllm()
     model, model_name = resolve_model(args)
+    check_replicas_fit(args.replicas, model)  # bad input fails before vLLM's seconds of import
+    require_vllm()
     info = machine()
     cluster = start_cluster(args.replicas, model)
     progress = tqdm(

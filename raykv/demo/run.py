@@ -37,6 +37,7 @@ from raykv.demo.correctness import bit_exact, compare_outputs
 from raykv.demo.messages import Completion
 from raykv.demo.replicas import (
     BLOCK_TOKENS,
+    check_replicas_fit,
     chunk_bytes,
     deployment_primary_chunks,
     engine_kwargs,
@@ -115,9 +116,10 @@ def demo(
     from raykv.demo.tiny_model import BENCH_MODEL_NAME, build_bench_model
     from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
 
+    model_path = model or build_bench_model()
+    check_replicas_fit(replicas, model_path)  # bad input fails before vLLM's seconds of import
     require_vllm()
     t0 = time.perf_counter()
-    model_path = model or build_bench_model()
     in_flight = replicas if concurrency is None else (concurrency or None)
     trace = build_trace(sessions=sessions, turns=turns, replicas=replicas)
     max_len = model_len_for(trace, BLOCK_TOKENS, output_tokens=REPLY_TOKENS)
