@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from raykv.core.validate import ArgumentError
 from raykv.demo.replicas import model_config
+
+if TYPE_CHECKING:
+    from raykv.demo.tiny_model import ModelConfig
 
 #: ``--model`` names of raykv's own models (built on first use); anything else is a model directory.
 BUILT_IN_MODELS = ("bench", "bench-long", "tiny")
@@ -28,14 +33,23 @@ def model_name(args: argparse.Namespace, quick_means_tiny: bool = True) -> str:
     return name
 
 
+def _built_in(name: str) -> tuple[Callable[[], str], ModelConfig] | None:
+    """Built-in model ``name``'s builder and config; None for a model directory."""
+    from raykv.demo import tiny_model as m
+
+    return {
+        "bench": (m.build_bench_model, m.BENCH_CONFIG),
+        "bench-long": (m.build_bench_long_model, m.BENCH_LONG_CONFIG),
+        "tiny": (m.build_tiny_model, m.CONFIG),
+    }.get(name)
+
+
 def resolve_model(args: argparse.Namespace, quick_means_tiny: bool = True) -> tuple[str, str]:
     """(model directory, what to call it) from ``--model`` / ``--tiny`` / ``--quick``."""
-    from raykv.demo.tiny_model import build_bench_long_model, build_bench_model, build_tiny_model
-
     name = model_name(args, quick_means_tiny)
-    builders = {"bench": build_bench_model, "bench-long": build_bench_long_model, "tiny": build_tiny_model}
-    if name in builders:
-        return builders[name](), name
+    built_in = _built_in(name)
+    if built_in is not None:
+        return built_in[0](), name
     model_dir_config(name)  # a clear error before any replica starts
     return name, name
 
@@ -56,12 +70,12 @@ def model_dir_config(name: str) -> dict[str, object]:
 
 def model_positions(args: argparse.Namespace) -> int:
     """The ``--model``'s ``max_position_embeddings`` (its longest prompt), read without building it."""
-    from raykv.demo.tiny_model import BENCH_LONG_CONFIG, CONFIG, ModelConfig, dimension
+    from raykv.demo.tiny_model import dimension
 
     name = model_name(args)
-    known: dict[str, ModelConfig] = {"tiny": CONFIG, "bench": CONFIG, "bench-long": BENCH_LONG_CONFIG}
-    if name in known:
-        return dimension(known[name], "max_position_embeddings")
+    built_in = _built_in(name)
+    if built_in is not None:
+        return dimension(built_in[1], "max_position_embeddings")
     positions = model_dir_config(name).get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 1:
         raise ArgumentError("--model", f"{name}: its config.json has no max_position_embeddings")

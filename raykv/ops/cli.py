@@ -183,24 +183,24 @@ def _add_bench_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]"
         bp.set_defaults(func=cmd_bench)
 
 
-def _non_negative_int(text: str) -> int:
+def _int_at_least(minimum: int, text: str) -> int:
+    """``text`` as an int >= ``minimum`` (0 or 1), else argparse's error for it."""
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or a positive integer, got {text!r}")
+        value = minimum - 1
+    if value < minimum:
+        allowed = "a positive integer" if minimum == 1 else "0 or a positive integer"
+        raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
     return value
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _int_at_least(1, text)
+
+
+def _non_negative_int(text: str) -> int:
+    return _int_at_least(0, text)
 
 
 def _size(text: str) -> int:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 import threading
 from collections.abc import Callable, Collection
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import vllm
+from vllm.v1.kv_offload import base as offload_base
 from vllm.v1.kv_offload.base import OffloadingSpec, OffloadKey, OffloadPolicy, ReqContext
 from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
@@ -67,7 +67,7 @@ HAS_OFF_THREAD_POLLING = hasattr(SecondaryTierManager, "tolerates_off_thread_pol
 #: engine would step forever; off, 0.34 takes finished jobs at each step, as 0.32 does.
 OFF_THREAD_POLLING = HAS_OFF_THREAD_POLLING and version() < (0, 34)
 #: vLLM 0.34+ hands CPU offloading workers device pointers, not block ids (``DevicePointers``).
-WORKER_TAKES_DEVICE_POINTERS = hasattr(importlib.import_module("vllm.v1.kv_offload.base"), "DevicePointers")
+WORKER_TAKES_DEVICE_POINTERS = hasattr(offload_base, "DevicePointers")
 
 
 def init_tier_manager(
