@@ -36,9 +36,8 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     import raykv
-    from raykv.ops.status import check_reachable, collect_status, format_status
+    from raykv.ops.status import collect_status, format_status
 
-    check_reachable(args.address)
     services = raykv.attach(args.namespace or "raykv", address=args.address)
     status = collect_status(services, metrics=not args.no_metrics)
     print(json.dumps(status, indent=2, default=str) if args.json else format_status(status))
@@ -67,9 +66,7 @@ def _print_per_holder(per_holder: dict[str, int], errors: dict[str, str]) -> Non
 
 def cmd_invalidate(args: argparse.Namespace) -> int:
     import raykv
-    from raykv.ops.status import check_reachable
 
-    check_reachable(args.address)
     services = raykv.attach(args.namespace or "raykv", address=args.address)
     out = services.invalidate(args.model, args.revision)
     if args.json:
@@ -86,7 +83,6 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
 
 def cmd_unpin(args: argparse.Namespace) -> int:
     import raykv
-    from raykv.ops.status import check_reachable
 
     if not (args.tenant or args.key or args.all):
         raise ConfigError(
@@ -98,7 +94,6 @@ def cmd_unpin(args: argparse.Namespace) -> int:
             keys.append(bytes.fromhex(k))
         except ValueError:
             raise ConfigError("--key", f"must be a scoped tier key in hex, got {k!r}") from None
-    check_reachable(args.address)
     services = raykv.attach(args.namespace or "raykv", address=args.address)
     out = services.unpin(tenants=args.tenant or (), keys=keys, everything=args.all)
     if args.json:
@@ -114,13 +109,11 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 def cmd_warm(args: argparse.Namespace) -> int:
     import raykv
     from raykv.ops.prompt_file import read_prompts
-    from raykv.ops.status import check_reachable
     from raykv.ops.warm import app_model, check_ttl, warm
 
     ttl = check_ttl(args.ttl)
     prompts = read_prompts(args.prompt_file)
     model = app_model(args.url, args.model)  # the app answers before Ray is asked anything
-    check_reachable(args.address)
     services = raykv.attach(args.namespace or "raykv", address=args.address)
     out = warm(
         services,

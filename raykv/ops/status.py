@@ -8,44 +8,18 @@ each node's metrics port); ``format_status`` prints it as tables.
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 from collections.abc import Mapping
 from typing import TypedDict, cast
 
 import ray
 
 from raykv.core import naming
-from raykv.core.errors import RaykvError
 from raykv.core.identity import KVIdentity
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import PENDING, HolderInfo, JsonValue, Report
 from raykv.directory.messages import AgentStats, ShardStats
 from raykv.holders.messages import HolderStats
 from raykv.services.cluster import RaykvServices, identity_report
-
-
-def check_reachable(address: str | None, timeout: float = 3.0) -> None:
-    """Fail fast (RaykvError) when an explicit ``host:port`` Ray address does not answer.
-
-    ``ray.init`` keeps retrying an unreachable GCS for a minute or more; a
-    TCP connect tells the user at once. ``auto`` / ``ray://`` addresses are
-    left to Ray (it already fails fast when no local cluster runs).
-    """
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address or address in ("auto", "local") or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            pass
-    except OSError as e:
-        raise RaykvError(
-            f"no Ray cluster reachable at address={address!r} ({e.strerror or e}): start one with "
-            "`ray start --head` (or `ray up`), or pass the cluster's address"
-        ) from e
 
 
 class HitRate(TypedDict):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -38,12 +40,36 @@ _lock = threading.Lock()
 _attached: dict[tuple[str, str], "RaykvServices"] = {}
 
 
+def check_reachable(address: str | None, timeout: float = 3.0) -> None:
+    """Fail fast (RaykvError) when an explicit ``host:port`` Ray address does not answer.
+
+    ``ray.init`` keeps retrying an unreachable GCS for a minute or more; a
+    TCP connect tells the user at once. ``auto`` / ``ray://`` addresses are
+    left to Ray (it already fails fast when no local cluster runs).
+    """
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as e:
+        raise RaykvError(
+            f"no Ray cluster reachable at address={address!r} ({e.strerror or e}): start one with "
+            "`ray start --head` (or `ray up`), or pass the cluster's address"
+        ) from e
+
+
 def ensure_ray(address: str | None = None) -> None:
     """Connect to a running Ray cluster unless this process already is connected."""
     if ray.is_initialized():
         return
     if address is not None and (not isinstance(address, str) or not address.strip()):
         raise ArgumentError("address", f"must be a Ray address such as 'auto' or 'host:6379', got {address!r}")
+    check_reachable(address)
     target = address or "auto"
     try:
         ray.init(address=target, log_to_driver=False)

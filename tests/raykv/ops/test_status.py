@@ -33,15 +33,24 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_status_without_a_reachable_cluster_says_so() -> None:
+@pytest.mark.parametrize(
+    "command",
+    [("status", "--json"), ("start",), ("stop",), ("invalidate", "--model", "m"), ("unpin", "--all")],
+    ids=lambda c: c[0],
+)
+def test_a_command_without_a_reachable_cluster_says_so_at_once(command: tuple[str, ...]) -> None:
     port = _closed_port()
     t0 = time.monotonic()
-    out = run_raykv("status", "--json", "--address", f"127.0.0.1:{port}")
+    out = run_raykv(*command, "--address", f"127.0.0.1:{port}")
     assert out.returncode == 2, out
     assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
     assert "ray start --head" in out.stderr
     assert out.stdout == ""
     assert time.monotonic() - t0 < 30  # not Ray's minute of GCS retries
+
+
+def test_status_reads_the_address_from_ray_address() -> None:
+    port = _closed_port()
     # The address from RAY_ADDRESS (what `ray` itself reads) gets the same check.
     out = run_raykv("status", env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
     assert out.returncode == 2, out
