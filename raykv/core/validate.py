@@ -24,6 +24,7 @@ class ConfigError(ValueError):
 
     def __init__(self, field_name: str, message: str) -> None:
         self.field = field_name
+        self.message = message
         super().__init__(f"{field_name}: {message}")
 
 

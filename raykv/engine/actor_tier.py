@@ -38,6 +38,7 @@ from raykv.core.jobs import JobTracker, MeteredJobTracker
 from raykv.core.keys import GROUP_IDX_BYTES, MAX_KEY_BYTES, OffloadKey, pending_key, validate_key
 from raykv.core.outcomes import CallOutcome
 from raykv.core.tenants import TenantSharing
+from raykv.core.units import fmt_bytes
 from raykv.core.wire import HolderInfo, HolderReady, LoadAnswer, StoreAnswer
 from raykv.engine.pending import ComputeOnce, PendingBook, pending_book, request_blocks
 from raykv.engine.polling import ActorLiveness, HoldingsFeed
@@ -65,7 +66,20 @@ def start_holder_actor(actor: HolderHandle, what: str, requested_capacity: int, 
             ready.requested_capacity_bytes,
             requested_capacity,
         )
+    warn_if_capped(what, ready)
     return ready
+
+
+def warn_if_capped(what: str, ready: HolderReady) -> None:
+    """Warn (the CLI prints it) when a holder runs with less than it was asked
+    for, e.g. an object store tier capped to its node's plasma."""
+    if ready.capacity_bytes < ready.requested_capacity_bytes:
+        logger.warning(
+            "%s runs with capacity_bytes=%s, not the %s asked for (what its node can hold)",
+            what,
+            fmt_bytes(ready.capacity_bytes),
+            fmt_bytes(ready.requested_capacity_bytes),
+        )
 
 
 class DirectoryBackedTier(SecondaryTier):

@@ -22,7 +22,7 @@ from raykv.core.identity import KVIdentity
 from raykv.core.node import process_node_id
 from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
-from raykv.core.validate import ArgumentError
+from raykv.core.validate import ArgumentError, ConfigError
 from raykv.core.wire import HolderInfo, Report
 from raykv.directory.agent import start_agent
 from raykv.directory.client import AgentClient, DirectoryClient, LookupCache
@@ -310,8 +310,12 @@ class RaykvServices:
 
         tier_cls, options = TierFactory.parse(tier_config, where)
         start = getattr(tier_cls, "start_services", None)
-        if start is not None:
+        if start is None:
+            return
+        try:
             start(self, options)
+        except ConfigError as e:  # a tier names its own field; the user wrote it under `where`
+            raise ConfigError(f"{where}.{e.field}", e.message) from None
 
     def shutdown(self) -> None:
         """Kill every raykv actor of this namespace (their blocks go with them)."""

@@ -411,6 +411,8 @@ def test_roots_beside_system_directories_are_fine():
 def test_cross_field_add_rule_and_fs_root_that_is_a_file(raykv_services, tmp_path):
     """Through a running raykv: a rule for a tier that does not exist, a rule of
     the wrong shape, an fs root that is a regular file. Nothing is registered."""
+    import raykv
+
     version = ray.get(raykv_services.control.rules.remote())[0]
     for rule, field in [
         ({"tier": "redis"}, "rule.tier"),
@@ -432,6 +434,9 @@ def test_cross_field_add_rule_and_fs_root_that_is_a_file(raykv_services, tmp_pat
         with pytest.raises(ConfigError) as e:
             TierFactory.create_tier({"type": "fs", "root": str(a_file)}, region.view, services=raykv_services)
     assert e.value.field == "root" and "not a directory" in str(e.value)
+    with pytest.raises(ConfigError) as e:  # through raykv.start, the field as the config names it
+        raykv.start({"namespace": raykv_services.namespace, "tiers": [{"type": "fs", "root": str(a_file)}]})
+    assert e.value.field == "tiers[0].root" and "not a directory" in str(e.value), str(e.value)
     from tiers.fs.storage import open_storage
 
     with pytest.raises(NotADirectoryError, match="not a directory"):  # what the root actor itself says

@@ -34,8 +34,8 @@ from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
 from raykv.core.pins import PinBatch, Unpin, cache_ttl_of, max_pinned_fraction_option
 from raykv.core.tenants import tenant_of, tenant_quotas_option
-from raykv.core.wire import PLASMA, HolderInfo
-from raykv.engine.actor_tier import ActorCallTier
+from raykv.core.wire import PLASMA, HolderInfo, HolderReady
+from raykv.engine.actor_tier import ActorCallTier, warn_if_capped
 from raykv.engine.polling import ActorLiveness
 from raykv.engine.primary import RegionHandle, describe_region
 from raykv.holders.messages import HolderStats
@@ -149,9 +149,11 @@ class ObjectStoreTier(ActorCallTier):
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         actors = [start_actor(node, services.namespace, options.actor_settings()) for node in nodes]
         try:
-            ray.get([a.ready.remote() for a in actors], timeout=120)
+            readies: list[HolderReady] = ray.get([a.ready.remote() for a in actors], timeout=120)
         except Exception as e:
             raise RaykvError(f"object_store tier: node actors did not start: {e}") from e
+        for node, ready in zip(nodes, readies):
+            warn_if_capped(f"object_store tier on node {node}", ready)
         return actors
 
     # -- contract ------------------------------------------------------------

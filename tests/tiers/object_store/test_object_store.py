@@ -307,3 +307,19 @@ def test_pins_survive_a_flood_are_capped_expire_unpin_and_go_with_their_identity
     figures = tier.stats().figures
     assert figures["blocks"] == 0 and figures["pinned_blocks"] == 0 and figures["pinned_bytes"] == 0
     assert holders_of(services, pinned) == [[], []]
+
+
+def test_start_warns_when_a_node_caps_the_capacity(ray_local, caplog):
+    """Asked for more than the node's plasma (512 MiB here) can hold: the tier
+    runs capped, and ``raykv.start`` says so (the CLI prints the warning)."""
+    caplog.set_level("WARNING", logger="raykv")
+    services = raykv.start(
+        {"namespace": "raykv-capped", "tiers": [{"type": "object_store", "capacity_bytes": "64GiB"}]}
+    )
+    try:
+        capped = [r.getMessage() for r in caplog.records if "runs with capacity_bytes=" in r.getMessage()]
+        assert len(capped) == 1, caplog.text
+        assert "object_store tier on node" in capped[0] and "not the 64.0 GiB asked for" in capped[0]
+        assert [h.tier_type for h in services.holders()] == ["object_store"]  # it runs, capped
+    finally:
+        services.shutdown()
