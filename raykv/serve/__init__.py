@@ -52,7 +52,7 @@ def llm_config(
     cpu_bytes: int = 4 << 30,
     engine_kwargs: Mapping[str, object] | None = None,
     accelerator: str = "auto",
-    num_replicas: int = 1,
+    num_replicas: int | str = 1,
     env: dict[str, str] | None = None,
     router: str = "default",
     router_kwargs: Mapping[str, object] | None = None,
@@ -71,7 +71,10 @@ def llm_config(
         cpu_bytes: the CPU primary tier of each engine.
         engine_kwargs: more vLLM engine arguments.
         accelerator: ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when the cluster has one).
-        num_replicas: Serve replicas of the deployment.
+        num_replicas: Serve replicas of the deployment, or ``"auto"`` (Serve's autoscaling).
+        llm_config_kwargs: more ``LLMConfig`` fields. ``deployment_config`` and
+            ``runtime_env`` are merged with raykv's (the router, ``RAY_ADDRESS``),
+            not swapped for them.
         env: extra environment variables for the replicas.
         router: how Serve picks a replica per request: ``default`` (power of
             two choices), ``prefix_affinity`` (Ray's PrefixCacheAffinityRouter)
@@ -111,8 +114,17 @@ def llm_config(
             if engine_events is None
             else raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, raykv_engine_events=engine_events)
         )
-    deployment: dict[str, object] = {"num_replicas": num_replicas}
+    extra: dict[str, object] = dict(llm_config_kwargs)
+    deployment = _mapping_arg(extra.pop("deployment_config", None), "deployment_config")
+    replicas = _num_replicas(num_replicas, "num_replicas")
+    if "num_replicas" not in deployment and "autoscaling_config" not in deployment:  # Serve takes one of them
+        deployment["num_replicas"] = replicas
     if ROUTERS[router] is not None:
+        if "request_router_config" in deployment:
+            raise ValueError(
+                f"deployment_config.request_router_config: set by router={router!r}; "
+                "pass the router's options as router_kwargs"
+            )
         router_options = dict(router_kwargs or {})
         if router == "raykv":
             router_options = {"model": model, "namespace": raykv_cfg.get("namespace", "raykv"), **router_options}
@@ -120,24 +132,36 @@ def llm_config(
             "request_router_class": ROUTERS[router],
             "request_router_kwargs": router_options,
         }
-    env_vars = {"RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"), **(env or {})}
+    runtime_env = _mapping_arg(extra.pop("runtime_env", None), "runtime_env")
+    env_vars: dict[str, object] = {
+        "RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "auto"),
+        **_mapping_arg(runtime_env.get("env_vars"), "runtime_env.env_vars"),
+        **(env or {}),
+    }
     if LOG_LEVEL_ENV in os.environ:  # the deployer's raykv log level reaches the engines
         env_vars.setdefault(LOG_LEVEL_ENV, os.environ[LOG_LEVEL_ENV])
-    extra: dict[str, object] = {}
     if _use_cpu(accelerator):
-        extra["accelerator_config"] = {"kind": "cpu"}
-        extra["placement_group_config"] = {"bundles": [{"CPU": 1}]}
+        extra.setdefault("accelerator_config", {"kind": "cpu"})
+        extra.setdefault("placement_group_config", {"bundles": [{"CPU": 1}]})
         env_vars.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    extra.update(llm_config_kwargs)
     return LLMConfig.model_validate(
         {
             "model_loading_config": {"model_id": model_id or model, "model_source": model},
             "engine_kwargs": kwargs,
             "deployment_config": deployment,
-            "runtime_env": {"env_vars": env_vars},
+            "runtime_env": {**runtime_env, "env_vars": env_vars},
             **extra,
         }
     )
+
+
+def _mapping_arg(value: object, name: str) -> dict[str, object]:
+    """A mapping argument as a fresh dict ({} when not given); ``ValueError`` naming it otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a mapping; got {type(value).__name__}")
+    return {str(k): v for k, v in value.items()}
 
 
 def build_app(model: str, **kwargs: object) -> Application:
@@ -159,8 +183,21 @@ def app_builder(args: Mapping[str, object]) -> Application:
         except ValueError as e:
             raise ValueError(f"raykv.serve:app_builder cpu_bytes: {e}") from None
     if "num_replicas" in args:
-        args["num_replicas"] = int(str(args["num_replicas"]))
+        args["num_replicas"] = _num_replicas(args["num_replicas"], "raykv.serve:app_builder num_replicas")
     return build_app(model, **args)
+
+
+def _num_replicas(value: object, what: str) -> int | str:
+    """A replica count (a YAML arg may be the string "2") or Serve's ``"auto"`` (autoscaling)."""
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(str(value)) if not isinstance(value, bool) else -1
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise ValueError(f"{what}: must be a positive integer or 'auto', got {value!r}")
+    return n
 
 
 def _use_cpu(accelerator: str) -> bool:
