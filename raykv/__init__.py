@@ -15,7 +15,7 @@ from raykv.core.factory import TierFactory
 from raykv.core.keys import OffloadKey, make_offload_key, prefix_keys
 from raykv.core.logs import configure_from_env
 from raykv.core.validate import ConfigError
-from raykv.services.cluster import RaykvServices, attach, start
+from raykv.services.cluster import RaykvServices, attach, start, stop
 
 __version__ = "0.1.0"
 
@@ -40,4 +40,5 @@ __all__ = [
     "make_offload_key",
     "prefix_keys",
     "start",
+    "stop",
 ]

@@ -48,8 +48,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     import raykv
     from raykv.services.shm_cleanup import clean_cluster, summary
 
-    raykv.attach(args.namespace or "raykv", address=args.address).shutdown()
-    print("raykv stopped")
+    stopped = raykv.stop(args.namespace or "raykv", address=args.address)
+    if stopped.was_running:
+        print("raykv stopped")
+    else:  # like `ray stop`: nothing running is not an error (the message catches a mistyped namespace)
+        left = f"; killed {len(stopped.leftovers)} raykv actors left there" if stopped.leftovers else ""
+        print(f"raykv was not running in Ray namespace {stopped.namespace!r}{left}")
     # vLLM's CPU-offload segments of engines that died before unlinking them
     # outlive `ray down`: remove those no process uses, on every node.
     print(summary(clean_cluster()))

@@ -335,10 +335,56 @@ class RaykvServices:
         for shard in self.directory.shards:
             ray.kill(shard)
         ray.kill(self.control)
+        kill_named_actors(self.namespace)  # any the registry did not list (a tier actor that never registered)
         if self._policy is not None:
             self._policy.close()
         with _lock:
             _attached.pop(_session_key(self.namespace), None)
+
+
+def _named_actors(namespace: str) -> list[str]:
+    """The names of raykv's named actors in ``namespace`` (all start with ``raykv-``)."""
+    names = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if isinstance(entry, dict) and entry.get("namespace") == namespace and entry["name"].startswith("raykv-"):
+            names.append(entry["name"])
+    return names
+
+
+def kill_named_actors(namespace: str) -> list[str]:
+    """Kill raykv's named actors still alive in ``namespace``; their names."""
+    killed = []
+    for name in _named_actors(namespace):
+        actor = _get_actor(name, namespace)
+        if actor is not None:
+            ray.kill(actor)
+            killed.append(name)
+    return killed
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What ``stop`` found in the namespace."""
+
+    namespace: str
+    #: Whether raykv ran there (its control actor was alive).
+    was_running: bool
+    #: raykv actors found without a control actor (a half-stopped raykv), killed.
+    leftovers: tuple[str, ...] = ()
+
+
+def stop(namespace: str = naming.DEFAULT_NAMESPACE, *, address: str | None = None) -> Stopped:
+    """Stop raykv in ``namespace``: every raykv actor there goes, with its blocks.
+    Stopping a namespace where raykv does not run is not an error (``was_running``
+    says so); actors a half-stopped raykv left there are killed too."""
+    problem = _namespace_problem(namespace)
+    if problem:
+        raise ArgumentError("namespace", problem)
+    ensure_ray(address)
+    if _get_actor(naming.CONTROL_ACTOR, namespace) is None:
+        return Stopped(namespace, False, tuple(kill_named_actors(namespace)))
+    attach(namespace).shutdown()
+    return Stopped(namespace, True)
 
 
 def invalidate_identities(services: RaykvServices, model: str, revision: str | None, timeout: float) -> Invalidation:

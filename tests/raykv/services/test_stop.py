@@ -1,0 +1,52 @@
+"""``raykv stop`` / ``raykv.stop``: every raykv actor of the namespace goes; a namespace
+where raykv does not run is not an error; a half-stopped raykv's actors go too."""
+
+from __future__ import annotations
+
+import ray
+
+import raykv
+from raykv.core import naming
+from raykv.ops.cli import main
+from tests.waiting import wait_until
+
+
+def _raykv_actors(namespace: str) -> set[str]:
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace and a["name"].startswith("raykv-")
+    }
+
+
+def test_stop_where_nothing_runs_says_so_and_exits_0(ray_local, capsys) -> None:
+    code = main(["stop", "--namespace", "raykv-never-started", "--address", ray.get_runtime_context().gcs_address])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "raykv was not running in Ray namespace 'raykv-never-started'" in out, out
+    assert "shared-memory segments" in out, out  # the node cleanup still ran
+
+
+def test_stop_kills_every_actor_of_a_running_raykv(ray_local) -> None:
+    namespace = "raykv-stop-running"
+    raykv.start({"namespace": namespace, "directory_shards": 2, "tiers": [{"type": "object_store"}]})
+    started = _raykv_actors(namespace)
+    node = ray.get_runtime_context().get_node_id()
+    assert {naming.CONTROL_ACTOR, naming.directory_shard(1), naming.object_store_actor(node)} <= started, started
+    stopped = raykv.stop(namespace)
+    assert stopped.was_running and stopped.leftovers == ()
+    wait_until(lambda: not _raykv_actors(namespace), timeout_s=20.0, what="raykv's actors to go")
+
+
+def test_stop_after_the_control_actor_died_kills_what_is_left(ray_local) -> None:
+    namespace = "raykv-stop-half"
+    raykv.start({"namespace": namespace, "directory_shards": 2, "tiers": [{"type": "object_store"}]})
+    control = ray.get_actor(naming.CONTROL_ACTOR, namespace=namespace)
+    ray.kill(control, no_restart=True)
+    wait_until(lambda: naming.CONTROL_ACTOR not in _raykv_actors(namespace), timeout_s=20.0, what="control gone")
+    left = _raykv_actors(namespace)
+    assert naming.directory_shard(0) in left, left
+    stopped = raykv.stop(namespace)
+    assert not stopped.was_running
+    assert set(stopped.leftovers) == left
+    wait_until(lambda: not _raykv_actors(namespace), timeout_s=20.0, what="the leftover actors to go")
