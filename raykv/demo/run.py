@@ -32,6 +32,7 @@ import time
 import numpy as np
 from ray.actor import ActorHandle
 
+from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue, Report
 from raykv.demo.correctness import bit_exact, compare_outputs
 from raykv.demo.messages import Completion
@@ -76,7 +77,9 @@ def exact_probe(replicas: list[ActorHandle], seed: int = 88_000) -> Report:
     from raykv.demo.tiny_model import make_prompt_tokens
 
     prompt = make_prompt_tokens(PROBE_PROMPT_TOKENS, seed=seed)
-    a, b = replicas[0], replicas[1 % len(replicas)]
+    if len(replicas) < 2:
+        raise ValueError("exact_probe needs two replicas: one computes the prompt, the other loads it from raykv")
+    a, b = replicas[0], replicas[1]
     ray.get(a.generate.remote(prompt, settle=True), timeout=600)
     # B's node view learns A's stores through the shards' change feeds (lag p99 under 0.1 s
     # in `raykv bench directory`, more on a loaded host); a request sent before its view
@@ -116,6 +119,11 @@ def demo(
     from raykv.demo.tiny_model import BENCH_MODEL_NAME, build_bench_model
     from raykv.integrations.vllm import kv_transfer_config, raykv_kv_transfer_config, require_vllm
 
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
+        # one replica has nobody to share with: its probe would compare the engine's cache with itself
+        raise ArgumentError(
+            "replicas", f"must be an integer >= 2 (the demo shares blocks across replicas), got {replicas!r}"
+        )
     model_path = model or build_bench_model()
     check_replicas_fit(replicas, model_path)  # bad input fails before vLLM's seconds of import
     require_vllm()

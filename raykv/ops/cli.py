@@ -181,13 +181,13 @@ def _add_bench_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _int_at_least(minimum: int, text: str) -> int:
-    """``text`` as an int >= ``minimum`` (0 or 1), else argparse's error for it."""
+    """``text`` as an int >= ``minimum``, else argparse's error for it."""
     try:
         value = int(text)
     except ValueError:
         value = minimum - 1
     if value < minimum:
-        allowed = "a positive integer" if minimum == 1 else "0 or a positive integer"
+        allowed = {0: "0 or a positive integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
     return value
 
@@ -198,6 +198,11 @@ def _positive_int(text: str) -> int:
 
 def _non_negative_int(text: str) -> int:
     return _int_at_least(0, text)
+
+
+def _replica_count(text: str) -> int:
+    """The demo's replicas: it shows blocks shared across them, so at least 2."""
+    return _int_at_least(2, text)
 
 
 def _size(text: str) -> int:
@@ -306,7 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
     sp.add_argument(
-        "--replicas", type=_positive_int, default=2, help="vLLM replicas, one per simulated node (default 2)"
+        "--replicas",
+        type=_replica_count,
+        default=2,
+        help="vLLM replicas, one per simulated node (at least 2; default 2)",
     )
     sp.add_argument(
         "--concurrency",

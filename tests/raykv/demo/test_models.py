@@ -53,3 +53,19 @@ def test_demo_concurrency_takes_zero_and_refuses_negatives(capsys) -> None:
             _args("demo", "--concurrency", bad)
         assert e.value.code == 2
         assert f"--concurrency: must be 0 or a positive integer, got {bad!r}" in capsys.readouterr().err
+
+
+def test_the_demo_needs_two_replicas(capsys) -> None:
+    """One replica has nobody to share blocks with: its probe would compare the engine's own
+    cache with itself and pass whatever raykv did. Refused by the parser and by ``demo()``."""
+    from raykv.core.validate import ArgumentError
+    from raykv.demo.run import demo
+
+    assert _args("demo", "--replicas", "2").replicas == 2
+    for bad in ("1", "0"):
+        with pytest.raises(SystemExit) as e:
+            _args("demo", "--replicas", bad)
+        assert e.value.code == 2
+        assert f"--replicas: must be an integer >= 2, got {bad!r}" in capsys.readouterr().err
+    with pytest.raises(ArgumentError, match="replicas: must be an integer >= 2"):
+        demo(replicas=1, show_progress=False)
