@@ -51,6 +51,7 @@ from ray.actor import ActorHandle
 from raykv.bench.common import (
     as_json,
     at_least,
+    bad_option,
     machine,
     median,
     names_option,
@@ -192,6 +193,8 @@ def run(args: argparse.Namespace) -> Report:
         1, replicas=args.replicas, sessions=args.sessions, turns=args.turns, rounds=rounds, output_tokens=output_tokens
     )
     at_least(0, concurrency=concurrency)
+    if args.replicas < 2:  # with one, the "cross-node" probe would read the engine's own cache
+        raise bad_option("--replicas: at least 2 (promoted requests and the probe load what another replica computed)")
     configs = names_option("--configs", args.configs, CONFIGS, allow_empty=True)
     model, name = resolve_model(args, quick_means_tiny=False)
     check_replicas_fit(args.replicas, model)  # bad input fails before vLLM's seconds of import

@@ -69,3 +69,15 @@ def test_the_commands_refuse_a_bad_model_or_too_many_replicas_before_starting_ra
         last = p.stderr.strip().splitlines()[-1]
         assert last.startswith("raykv: error: --replicas: 100000 replicas need about") and "at most" in last, last
         assert p.stderr.strip() == last  # one line: no Ray started, no traceback
+
+
+def test_the_demo_and_bench_e2e_refuse_one_replica() -> None:
+    """Their probes load a prefix on a replica that did not compute it; with one
+    replica they would read the engine's own cache and report it as raykv's."""
+    for argv, words in (
+        (("demo",), "raykv demo: error: argument --replicas: must be an integer >= 2, got '1'"),
+        (("bench", "e2e"), "raykv: error: --replicas: at least 2 (promoted requests and the probe load"),
+    ):
+        p = run_raykv(*argv, "--replicas", "1", "--tiny")
+        assert p.returncode == 2, p.stderr
+        assert words in p.stderr.strip().splitlines()[-1], p.stderr
