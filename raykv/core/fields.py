@@ -209,6 +209,20 @@ def check_namespace(value: str) -> str | None:
     return None
 
 
+def check_ray_address(value: object) -> str | None:
+    """What is wrong with a Ray address (None: nothing). Ray takes ``auto``,
+    ``local``, ``host:port`` or a URI such as ``ray://host:10001``."""
+    problem = f"must be a Ray address such as 'auto' or 'host:6379', got {value!r}"
+    if not isinstance(value, str) or not value.strip():
+        return problem
+    if value in ("auto", "local") or "://" in value:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return problem
+    return None
+
+
 def size_value(value: object) -> object:
     """``convert`` for an option in bytes: a size string (``"64GiB"``, ``raykv.core.units.parse_size``)
     or a float with no fraction (``1e9``) as an int; anything else as it is (its kind check follows)."""

@@ -18,6 +18,7 @@ from ray.actor import ActorClass, ActorHandle
 from raykv.config.options import RaykvConfig
 from raykv.core import naming
 from raykv.core.errors import RaykvError
+from raykv.core.fields import check_ray_address
 from raykv.core.identity import KVIdentity
 from raykv.core.node import process_node_id
 from raykv.core.pins import Unpin
@@ -67,8 +68,9 @@ def ensure_ray(address: str | None = None) -> None:
     """Connect to a running Ray cluster unless this process already is connected."""
     if ray.is_initialized():
         return
-    if address is not None and (not isinstance(address, str) or not address.strip()):
-        raise ArgumentError("address", f"must be a Ray address such as 'auto' or 'host:6379', got {address!r}")
+    problem = None if address is None else check_ray_address(address)
+    if problem:
+        raise ArgumentError("address", problem)
     check_reachable(address)
     target = address or "auto"
     try:

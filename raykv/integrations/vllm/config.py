@@ -6,6 +6,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from raykv.core.fields import check_ray_address
 from raykv.core.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
 from raykv.core.wire import JsonValue
 
@@ -146,8 +147,9 @@ def raykv_kv_transfer_config(
 
     cfg = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     tiers = [vllm_tier_entry(t, cfg.namespace) for t in cfg.tiers]
-    if ray_address is not None and (not isinstance(ray_address, str) or not ray_address.strip()):
-        raise ArgumentError("ray_address", f"must be a Ray address such as 'auto' or 'host:6379', got {ray_address!r}")
+    address_problem = None if ray_address is None else check_ray_address(ray_address)
+    if address_problem:
+        raise ArgumentError("ray_address", address_problem)
     if ray_address:
         for t in tiers:
             t["ray_address"] = ray_address

@@ -120,6 +120,11 @@ def test_raykv_config_becomes_adapter_entries() -> None:
     ]
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.root"):
         raykv_kv_transfer_config({"tiers": [{"type": "fs"}]})
+    for address in ("ray://head:10001", "auto", "[::1]:6379"):
+        raykv_kv_transfer_config({"tiers": [{"type": "object_store"}]}, ray_address=address)
+    for bad in ("", "head", "head:port", "head:0", "head:70000", 6379):
+        with pytest.raises(ConfigError, match="ray_address: must be a Ray address such as 'auto' or 'host:6379'"):
+            raykv_kv_transfer_config({"tiers": [{"type": "object_store"}]}, ray_address=bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"known types: example, example_node, fs, object_store"):
         raykv_kv_transfer_config({"tiers": [{"type": "redis"}]})
 

@@ -57,6 +57,14 @@ def test_status_reads_the_address_from_ray_address() -> None:
     assert f"raykv: error: no Ray cluster reachable at address='127.0.0.1:{port}'" in out.stderr
 
 
+def test_a_malformed_address_is_named_before_ray_is_asked() -> None:
+    out = run_raykv("start", "--address", "head-node")  # no port: Ray would fail on it later
+    assert out.returncode == 2, out
+    assert out.stderr.strip() == (
+        "raykv: error: address: must be a Ray address such as 'auto' or 'host:6379', got 'head-node'"
+    )
+
+
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """A local Ray with raykv, 10 blocks in the object store tier and 6 in the fs tier, and lookups."""
