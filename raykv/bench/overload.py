@@ -688,17 +688,9 @@ def _shutdown(services: RaykvServices) -> None:
 def _app(setup: Setup, args: argparse.Namespace, namespace: str, model_id: str) -> Application:
     """The ``raykv`` configuration of ``raykv bench serve`` with Serve's queues bounded."""
     from raykv.bench.serve_app import bench_app
-    from raykv.serve import ROUTERS
 
-    deployment: dict[str, JsonValue] = {
-        "num_replicas": args.replicas,
-        "max_queued_requests": args.max_queued_requests,
-        # what raykv.serve.llm_config sets for router="raykv" (a deployment_config replaces it whole)
-        "request_router_config": {
-            "request_router_class": ROUTERS["raykv"],
-            "request_router_kwargs": {"model": setup.model, "namespace": namespace},
-        },
-    }
+    # merged into the deployment config llm_config makes for router="raykv" (its router stays)
+    deployment: dict[str, JsonValue] = {"num_replicas": args.replicas, "max_queued_requests": args.max_queued_requests}
     if args.max_ongoing_requests > 0:
         deployment["max_ongoing_requests"] = args.max_ongoing_requests
     raykv_cfg: dict[str, JsonValue] = {
