@@ -193,10 +193,8 @@ class RaykvServices:
     def directory_agents(self) -> dict[str, ActorHandle]:
         """The running directory agents of this namespace, by node id."""
         agents = {}
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            name = entry["name"] if isinstance(entry, dict) else entry
-            ns = entry.get("namespace") if isinstance(entry, dict) else self.namespace
-            if ns == self.namespace and name.startswith(naming.DIRECTORY_AGENT_PREFIX):
+        for name in _named_actors(self.namespace):
+            if name.startswith(naming.DIRECTORY_AGENT_PREFIX):
                 handle = _get_actor(name, self.namespace)
                 if handle is not None:
                     agents[name[len(naming.DIRECTORY_AGENT_PREFIX) :]] = handle

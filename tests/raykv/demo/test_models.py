@@ -46,13 +46,18 @@ def test_model_positions_are_read_without_building() -> None:
     assert models.model_positions(_args("bench", "fork")) < 32768
 
 
+def _refused(capsys, option: str, bad: str, allowed: str) -> None:
+    """``raykv demo <option> <bad>`` exits 2 with argparse's message naming what is allowed."""
+    with pytest.raises(SystemExit) as e:
+        _args("demo", option, bad)
+    assert e.value.code == 2
+    assert f"{option}: must be {allowed}, got {bad!r}" in capsys.readouterr().err
+
+
 def test_demo_concurrency_takes_zero_and_refuses_negatives(capsys) -> None:
     assert _args("demo", "--concurrency", "0").concurrency == 0
     for bad in ("-1", "two"):
-        with pytest.raises(SystemExit) as e:
-            _args("demo", "--concurrency", bad)
-        assert e.value.code == 2
-        assert f"--concurrency: must be 0 or a positive integer, got {bad!r}" in capsys.readouterr().err
+        _refused(capsys, "--concurrency", bad, "0 or a positive integer")
 
 
 def test_the_demo_needs_two_replicas(capsys) -> None:
@@ -63,9 +68,6 @@ def test_the_demo_needs_two_replicas(capsys) -> None:
 
     assert _args("demo", "--replicas", "2").replicas == 2
     for bad in ("1", "0"):
-        with pytest.raises(SystemExit) as e:
-            _args("demo", "--replicas", bad)
-        assert e.value.code == 2
-        assert f"--replicas: must be an integer >= 2, got {bad!r}" in capsys.readouterr().err
+        _refused(capsys, "--replicas", bad, "an integer >= 2")
     with pytest.raises(ArgumentError, match="replicas: must be an integer >= 2"):
         demo(replicas=1, show_progress=False)
