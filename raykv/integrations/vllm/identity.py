@@ -15,7 +15,13 @@ plus what vLLM's block hashes and folder names both leave out:
   file size and mtime; exact, costs one read of the weights per new file), or
   ``none`` (trust the model name and revision, as vLLM's fs tier does);
 - the primary's chunk size in bytes and vLLM's minor version (the KV page
-  layout), so engines whose chunks differ in any way never meet.
+  layout), so engines whose chunks differ in any way never meet;
+- ``engine_config``: what of the engine's own vLLM config changes its KV bytes
+  for the same weights (``engine_config_fields``): the compute dtype (the spec
+  names only the KV cache's, which an fp8 cache hides), on-the-fly
+  quantization, the model's config after ``hf_overrides`` (RoPE settings live
+  there), the model implementation, fp8 scale calculation and the requested
+  hub revision.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ import hashlib
 import json
 import logging
 import os
+import sys
 import threading
+import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from raykv.core.identity import KVIdentity
 from raykv.core.wire import JsonValue
@@ -49,8 +58,11 @@ def engine_identity(
     chunk_bytes: int,
     model_revision: object = None,
     weights_fingerprint: object = "stat",
+    engine_config: Any = None,
 ) -> KVIdentity:
     """The ``KVIdentity`` of the engine that built ``spec`` (vLLM's ``OffloadingSpec``).
+    ``engine_config`` is the engine's ``VllmConfig`` (``find_engine_config``); without it
+    the identity says so (``engine_config: unknown``) and meets only others that lack it.
     ``model_revision`` and ``weights_fingerprint`` are checked here (they come from tier configs)."""
     if not isinstance(weights_fingerprint, str) or weights_fingerprint not in FINGERPRINT_MODES:
         raise ValueError(
@@ -81,14 +93,79 @@ def engine_identity(
     }
     if getattr(config, "canonical_layout", False):
         layout["canonical_format"] = str(getattr(config, "kv_cache_layout", None))
+    layout["engine_config"] = engine_config_fields(engine_config) if engine_config is not None else "unknown"
     model = str(config.model.name)
-    revision = model_revision or hub_revision(model) or ""
+    requested = getattr(getattr(engine_config, "model_config", None), "revision", None)
+    revision = model_revision or hub_revision(model, requested) or ""
     weights = fingerprint_weights(model, weights_fingerprint)
     return KVIdentity(model=model, revision=revision, weights=weights, layout=layout)
 
 
-def hub_revision(model: str) -> str | None:
-    """The commit of the Hugging Face cache snapshot ``model`` (a hub id) resolves to, if cached."""
+def engine_config_fields(vllm_config: Any) -> dict[str, JsonValue]:
+    """The settings of an engine's ``VllmConfig`` that change its KV bytes for the same
+    weights, KV dtype and layout (``None`` where this vLLM has no such field)."""
+    model = vllm_config.model_config
+    cache = getattr(vllm_config, "cache_config", None)
+    quantization = getattr(model, "quantization", None)
+    hf_config = getattr(model, "hf_config", None)
+    return {
+        "model_dtype": str(getattr(model, "dtype", None)),
+        "quantization": None if quantization is None else str(quantization),
+        "model_impl": _plain(getattr(model, "model_impl", None)),
+        "revision": _plain(getattr(model, "revision", None)),
+        "calculate_kv_scales": bool(getattr(cache, "calculate_kv_scales", False)),
+        "hf_config": _config_digest(hf_config),
+    }
+
+
+def _plain(value: object) -> str | None:
+    """An enum's value, or any other setting as text (None stays None)."""
+    if value is None:
+        return None
+    return str(getattr(value, "value", value))
+
+
+def _config_digest(hf_config: object) -> str | None:
+    """sha256 of a Hugging Face config's fields (after vLLM applied ``hf_overrides``)."""
+    to_dict = getattr(hf_config, "to_dict", None)
+    if to_dict is None:
+        return None
+    try:
+        text = json.dumps(to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+    except Exception as e:  # where unsure, miss: this engine then shares with no other
+        logger.warning("raykv: cannot read the model's config (%r): this engine shares no KV block", e)
+        return f"unreadable:{uuid.uuid4().hex}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def find_engine_config() -> Any:
+    """The ``VllmConfig`` of the engine whose offloading connector is being built, or None.
+
+    vLLM (0.29 to 0.34 checked) hands a spec and its tiers only the offloading
+    config, which names the KV cache dtype but not the model's compute dtype,
+    quantization or ``hf_overrides``; it offers no public accessor for the
+    engine's config there, and ``get_current_vllm_config`` is not set in the
+    scheduler process. ``OffloadingConnector.__init__`` holds it as its
+    ``vllm_config`` argument, and builds the spec and the tiers under that call,
+    so it is read from the calling frames."""
+    from vllm.config import VllmConfig
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("vllm_config")
+        if isinstance(candidate, VllmConfig):
+            return candidate
+        frame = frame.f_back
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:
+        return None
+    return get_current_vllm_config_or_none()
+
+
+def hub_revision(model: str, revision: str | None = None) -> str | None:
+    """The commit of the Hugging Face cache snapshot ``model`` (a hub id) resolves to at
+    ``revision`` (a branch, tag or commit; the default branch when None), if cached."""
     if os.path.exists(model):
         return None
     try:
@@ -96,7 +173,7 @@ def hub_revision(model: str) -> str | None:
     except ImportError:
         return None
     try:
-        path = try_to_load_from_cache(model, "config.json")
+        path = try_to_load_from_cache(model, "config.json", revision=revision)
     except Exception:
         return None
     if isinstance(path, str) and "/snapshots/" in path:

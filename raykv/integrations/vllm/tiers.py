@@ -72,7 +72,7 @@ from raykv.integrations.vllm.convert import (  # noqa: E402
     to_vllm_request_context,
     to_vllm_results,
 )
-from raykv.integrations.vllm.identity import engine_identity  # noqa: E402
+from raykv.integrations.vllm.identity import engine_identity, find_engine_config  # noqa: E402
 from raykv.integrations.vllm.kv_events import EngineEventsBridge, connect_endpoint  # noqa: E402
 from raykv.integrations.vllm.stats import TierStats  # noqa: E402
 from raykv.metrics.step_cost import StepCost  # noqa: E402
@@ -112,6 +112,18 @@ def engine_step_cost(offloading_spec: OffloadingSpec, node: str | None = None) -
         return cost
     except TypeError:  # a spec that takes no weak reference: a meter of the tier's own
         return StepCost(node)
+
+
+def _engine_config() -> object:
+    """The building engine's ``VllmConfig`` (for its KV identity), or None, with a warning."""
+    found = find_engine_config()
+    if found is None:
+        logger.warning(
+            "raykv: the engine's vLLM config is out of reach here: its KV identity leaves out "
+            "quantization, hf_overrides and the compute dtype, and it shares blocks only with "
+            "engines built the same way"
+        )
+    return found
 
 
 def _str_option(value: JsonValue) -> str | None:
@@ -202,6 +214,7 @@ class RaykvTier(SecondaryTierManager):
                 chunk_bytes=(primary_kv_view.strides or (0,))[0],
                 model_revision=ident["model_revision"],
                 weights_fingerprint=ident["weights_fingerprint"] or "stat",
+                engine_config=_engine_config(),
             )
         )
         config: dict[str, JsonValue] = {"type": raykv_type, **options}

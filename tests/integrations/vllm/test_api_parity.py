@@ -380,6 +380,76 @@ def test_engine_identity_covers_model_weights_revision_and_layout(tmp_path) -> N
         engine_identity(_spec(str(model)), chunk_bytes=4096, weights_fingerprint="sha")
 
 
+def _engine_config(**over):
+    """An object shaped like vLLM's ``VllmConfig`` (the fields ``engine_config_fields`` reads)."""
+    from types import SimpleNamespace as NS
+
+    hf = dict(over.pop("hf", {"rope_theta": 10000.0, "hidden_size": 64}))
+    model = NS(
+        dtype=over.pop("dtype", "torch.bfloat16"),
+        quantization=over.pop("quantization", None),
+        model_impl=over.pop("model_impl", "auto"),
+        revision=over.pop("revision", None),
+        hf_config=NS(to_dict=lambda: hf),
+    )
+    return NS(model_config=model, cache_config=NS(calculate_kv_scales=over.pop("calculate_kv_scales", False)))
+
+
+def test_engine_identity_covers_what_the_engine_config_changes(tmp_path) -> None:
+    """Same weights, KV dtype and layout, other bytes: compute dtype under an fp8 cache,
+    on-the-fly quantization, hf_overrides (RoPE), model implementation, fp8 scales, revision."""
+    from raykv.integrations.vllm.identity import engine_identity
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = _spec(str(model), dtype="fp8_e4m3")
+    base = engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config())
+    assert base.layout["engine_config"]["model_dtype"] == "torch.bfloat16"
+    variants = [
+        engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config(dtype="torch.float16")),
+        engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config(quantization="fp8")),
+        engine_identity(
+            spec, chunk_bytes=4096, engine_config=_engine_config(hf={"rope_theta": 20000.0, "hidden_size": 64})
+        ),
+        engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config(model_impl="transformers")),
+        engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config(calculate_kv_scales=True)),
+        engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config(revision="v2")),
+        engine_identity(spec, chunk_bytes=4096),  # config out of reach: meets only its like
+    ]
+    assert len({base.tag, *(v.tag for v in variants)}) == 1 + len(variants)
+    assert engine_identity(spec, chunk_bytes=4096, engine_config=_engine_config()).tag == base.tag  # stable
+    assert variants[-1].layout["engine_config"] == "unknown"
+
+    # a config that cannot be read: this engine shares with nobody (where unsure, miss)
+    def unreadable() -> dict:
+        raise TypeError("no dict")
+
+    odd = _engine_config()
+    odd.model_config.hf_config.to_dict = unreadable
+    first, second = (engine_identity(spec, chunk_bytes=4096, engine_config=odd) for _ in range(2))
+    assert first.layout["engine_config"]["hf_config"].startswith("unreadable:") and first.tag != second.tag
+
+
+def test_the_engine_config_is_found_from_the_connector_call() -> None:
+    """``find_engine_config`` reads the ``vllm_config`` argument of a calling frame, as
+    ``OffloadingConnector.__init__`` holds it while it builds the spec and the tiers."""
+    from vllm.config import VllmConfig
+
+    from raykv.integrations.vllm.identity import find_engine_config
+
+    config = object.__new__(VllmConfig)  # VllmConfig() needs a device: the CUDA-only releases have none here
+
+    def connector_init(vllm_config: VllmConfig) -> object:
+        return build_tiers()
+
+    def build_tiers() -> object:
+        return find_engine_config()
+
+    assert connector_init(config) is config
+    assert find_engine_config() is None
+
+
 def test_identity_options_reach_the_engine_config() -> None:
     from raykv.core.validate import ArgumentError
     from raykv.integrations.vllm import raykv_kv_transfer_config

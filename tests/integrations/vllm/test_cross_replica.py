@@ -24,8 +24,8 @@ ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 20, "enforce_eager":
 
 
 @pytest.fixture(scope="module")
-def two_replicas(two_node_raykv, tiny_model) -> Iterator[tuple[Any, Any, list[str]]]:
-    _, nodes = two_node_raykv
+def two_replicas(two_node_raykv, tiny_model) -> Iterator[tuple[Any, Any, list[str], Any]]:
+    services, nodes = two_node_raykv
     mib = 1024 * 1024
     cfg = raykv_kv_transfer_config(
         {"namespace": NAMESPACE, "tiers": [{"type": "object_store", "capacity_bytes": 64 * mib}]},
@@ -34,12 +34,12 @@ def two_replicas(two_node_raykv, tiny_model) -> Iterator[tuple[Any, Any, list[st
     a, b = (start_replica(node, tiny_model, cfg, ENGINE) for node in nodes[:2])
     info = ray.get([a.ready.remote(), b.ready.remote()], timeout=300)
     assert info[0].node_id != info[1].node_id
-    yield a, b, nodes
+    yield a, b, nodes, services
     ray.get([a.shutdown.remote(), b.shutdown.remote()], timeout=60)
 
 
 def test_prompt_computed_on_one_node_is_a_prefix_hit_on_the_other(two_replicas) -> None:
-    a, b, nodes = two_replicas
+    a, b, nodes, services = two_replicas
     prompt = make_prompt_tokens(PROMPT_LEN, 7)
     on_a = ray.get(a.generate.remote(prompt))
     assert on_a.cached_tokens == 0
@@ -61,3 +61,10 @@ def test_prompt_computed_on_one_node_is_a_prefix_hit_on_the_other(two_replicas) 
     assert pulled == CACHEABLE // 128, "replica B's blocks did not come from node A's plasma"
     assert on_b.token_ids == on_a.token_ids
     assert on_b.top_logprobs == on_a.top_logprobs
+
+    # One identity for both engines, with their engine config read from vLLM (on each
+    # release this runs on: the matrix runs this module on vLLM 0.29 too).
+    (identity,) = services.identities(timeout=30).values()
+    engine_config = identity.layout["engine_config"]
+    assert isinstance(engine_config, dict), f"the engine's vLLM config was out of reach: {engine_config!r}"
+    assert engine_config["model_dtype"] == "torch.bfloat16" and engine_config["hf_config"]

@@ -4,7 +4,8 @@ weights, in one raykv namespace on a two-node ``ray.cluster_utils.Cluster``.
 
 Neither model ever gets a cached token from the other's prompts; engines of
 one model still share blocks across nodes; a weight update in place (same
-path, new weights) never serves the old KV; ``raykv invalidate`` empties an
+path, new weights) never serves the old KV; neither does an engine of the same
+files whose settings change its KV (``hf_overrides``); ``raykv invalidate`` empties an
 identity from every tier and the directory.
 """
 
@@ -72,9 +73,13 @@ def _replica(node: str, model: str, cfg: dict[str, Any]) -> Any:
     return _replicas([(node, model)], cfg)[0]
 
 
-def _replicas(where: list[tuple[str, str]], cfg: dict[str, Any]) -> list[Any]:
-    """Replicas of (node, model), started together (an engine start is most of this module's time)."""
-    replicas = [start_replica(node, model, cfg, ENGINE) for node, model in where]
+def _replicas(
+    where: list[tuple[str, str]], cfg: dict[str, Any], engine: list[dict[str, Any]] | None = None
+) -> list[Any]:
+    """Replicas of (node, model), started together (an engine start is most of this module's time);
+    ``engine``: each one's engine options beyond ``ENGINE``."""
+    extra = engine or [{}] * len(where)
+    replicas = [start_replica(node, model, cfg, {**ENGINE, **more}) for (node, model), more in zip(where, extra)]
     ray.get([r.ready.remote() for r in replicas], timeout=300)
     return replicas
 
@@ -198,3 +203,34 @@ def test_weight_update_in_place_never_serves_old_kv_and_invalidate_empties_it(cl
     assert all(services.directory.lookup(list(kept), timeout=30))
     status = collect_status(services, metrics=False)
     assert all(i["blocks"] == 0 for i in status["identities"] if i["model"] == model)
+
+
+def test_engine_settings_that_change_the_kv_never_share_it(cluster) -> None:
+    """The same model files under other settings that change the KV bytes (RoPE's base,
+    through vLLM's ``hf_overrides``): equal block hashes, equal KV dtype and layout,
+    never each other's blocks. The identities tell the two apart by their engine config."""
+    nodes, cfg, services = cluster["nodes"], cluster["cfg"], cluster["services"]
+    model = cluster["model_a"]
+    rope = {"hf_overrides": {"rope_parameters": {"rope_type": "default", "rope_theta": 50.0}}}
+    plain, other = _replicas([(nodes[0], model), (nodes[1], model)], cfg, engine=[{}, rope])
+    try:
+        prompt = make_prompt_tokens(PROMPT_LEN, 31)
+        before = sum(map(len, _held(nodes).values()))
+        on_plain = ray.get(plain.generate.remote(prompt))
+        assert on_plain.cached_tokens == 0
+        wait_until(
+            lambda: sum(map(len, _held(nodes).values())) >= before + CACHEABLE // 128,
+            timeout_s=30.0,
+            what="the plain engine's blocks in the tiers",
+        )
+        on_other = ray.get(other.generate.remote(prompt))
+        assert on_other.cached_tokens == 0, "an engine with other RoPE settings was served the plain engine's KV"
+        assert on_other.top_logprobs != on_plain.top_logprobs, "the override must change the KV for this test to mean"
+    finally:
+        ray.get([plain.shutdown.remote(), other.shutdown.remote()], timeout=60)
+
+    mine = [i for i in services.identities(timeout=30).values() if i.model == model]
+    configs = [i.layout["engine_config"] for i in mine]
+    assert all(isinstance(c, dict) for c in configs), f"an engine's config was out of reach: {configs}"
+    assert len({c["hf_config"] for c in configs}) == 2, configs  # type: ignore[index]
+    assert {c["model_dtype"] for c in configs} == {"torch.bfloat16"}, configs  # type: ignore[index]
