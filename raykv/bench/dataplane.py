@@ -64,6 +64,7 @@ from raykv.bench.common import (
 )
 from raykv.core.keys import OffloadKey
 from raykv.core.units import parse_size
+from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -281,6 +282,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     sizes = counts_option("--block-sizes", args.block_sizes or FULL_BLOCK_SIZES, parse_size)
     batches = sorted(set(counts_option("--batches", args.batches or (QUICK_BATCHES if quick else FULL_BATCHES))))
     at_least(1, headline_batch=args.headline_batch, rounds=args.rounds, io_threads=args.io_threads)
+    _check_fs_options(args)
     headline = args.headline_batch or (32 if 32 in batches else batches[-1])
     if headline not in batches:
         batches = sorted({*batches, headline})
@@ -298,6 +300,22 @@ def _settings(args: argparse.Namespace) -> Settings:
         cross_node=not args.no_cross_node,
         progress=not getattr(args, "no_progress", False),
     )
+
+
+def _check_fs_options(args: argparse.Namespace) -> None:
+    """``--checksum`` and ``--root``, before any cluster starts (``--root`` becomes absolute)."""
+    from tiers.fs.format import check_algorithm
+    from tiers.fs.storage import is_uri
+
+    problem = check_algorithm(args.checksum)
+    if problem:
+        raise ArgumentError("--checksum", problem)
+    if args.root is not None:
+        if not args.root.strip() or is_uri(args.root):
+            raise ArgumentError(
+                "--root", f"must be a local directory (the raw-file baseline writes there); got {args.root!r}"
+            )
+        args.root = os.path.abspath(args.root)
 
 
 @dataclass

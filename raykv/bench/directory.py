@@ -65,6 +65,7 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
+from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue, Report
 
 if TYPE_CHECKING:
@@ -142,9 +143,11 @@ class ClientRun(NamedTuple):
 
 def _settings(args: argparse.Namespace) -> Settings:
     quick = bool(getattr(args, "quick", False))
-    at_least(1, calls=args.calls, pipeline=args.pipeline, clients=args.clients, step_lookups=args.step_lookups)
-    at_least(0, step_registers=args.step_registers)
-    at_least(1, nodes=getattr(args, "nodes", None), engines_per_node=getattr(args, "engines_per_node", None))
+    at_least(1, calls=args.calls, pipeline=args.pipeline, step_lookups=args.step_lookups)
+    at_least(0, step_registers=args.step_registers, clients=args.clients, nodes=getattr(args, "nodes", None))  # 0: skip
+    at_least(1, engines_per_node=getattr(args, "engines_per_node", None))
+    if getattr(args, "agents_only", False) and getattr(args, "nodes", None) == 0:
+        raise ArgumentError("--nodes", "--agents-only runs only the node-agents part: give at least 1 node")
     above_zero(seconds=args.seconds, agent_seconds=getattr(args, "agent_seconds", None))
     return Settings(
         quick=quick,

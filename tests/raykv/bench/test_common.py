@@ -54,6 +54,9 @@ def test_option_checks_name_the_option_and_what_is_allowed() -> None:
 BAD_OPTIONS = [
     ("dataplane", "--block-sizes", "0"),
     ("dataplane", "--io-threads", "0"),
+    ("dataplane", "--checksum", "bogus"),
+    ("dataplane", "--root", "s3://bucket/prefix"),
+    ("directory", "--clients", "-1"),
     ("directory", "--shards", "1,x"),
     ("directory", "--seconds", "-1"),
     ("e2e", "--turns", "0"),
@@ -87,6 +90,21 @@ def test_a_bad_bench_option_is_bad_input_not_an_unexpected_error(capsys, bench, 
     assert "unexpected" not in err
     assert ray.is_initialized() == was_up
     assert time.monotonic() - t0 < 30
+
+
+def test_bench_directory_skips_a_part_given_zero_and_refuses_agents_only_without_nodes() -> None:
+    """``--clients 0`` / ``--nodes 0`` skip their part (as ``--help`` says); ``--agents-only``
+    with no node would run nothing."""
+    import argparse
+
+    from raykv.bench import directory
+
+    parser = argparse.ArgumentParser()
+    directory.add_arguments(parser)
+    settings = directory._settings(parser.parse_args(["--clients", "0", "--nodes", "0"]))
+    assert settings.clients == 0 and settings.nodes == 0
+    with pytest.raises(ArgumentError, match=r"^--nodes: --agents-only"):
+        directory._settings(parser.parse_args(["--agents-only", "--nodes", "0"]))
 
 
 def test_ratio_interval_is_the_geometric_mean_with_a_t_interval_on_the_logs() -> None:
