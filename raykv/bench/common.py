@@ -109,6 +109,16 @@ def names_option(option: str, value: str, allowed: Sequence[str], allow_empty: b
     return names
 
 
+def fill_defaults(args: object, full: Mapping[str, object], quick: Mapping[str, object]) -> None:
+    """Give each option of ``full`` left unset (None: registered with ``default=None``)
+    ``quick``'s value under ``--quick``, else ``full``'s: an option given on the command
+    line wins over ``--quick`` (``--quick --replicas 3`` runs three replicas)."""
+    chosen = quick if getattr(args, "quick", False) else full
+    for key, value in full.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, chosen.get(key, value))
+
+
 def bad_option(message: str) -> ArgumentError:
     """A benchmark option out of range: ``message`` is ``"--option: what is allowed"``.
     raykv's CLI reports it as bad input (one line, exit code 2), not as an unexpected error."""

@@ -52,6 +52,7 @@ from raykv.bench.common import (
     as_json,
     at_least,
     bad_option,
+    fill_defaults,
     machine,
     median,
     names_option,
@@ -117,9 +118,9 @@ PROBE_PROMPT_TOKENS = 1100  # a 1k-token prefix (8 blocks) plus a short suffix
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=4, help="vLLM replicas, one per simulated node (default 4)")
-    p.add_argument("--sessions", type=int, default=7, help="conversations (default 7; keep it coprime to replicas)")
-    p.add_argument("--turns", type=int, default=4, help="turns per conversation (default 4)")
+    p.add_argument("--replicas", type=int, help="vLLM replicas, one per simulated node (default 4; quick 2)")
+    p.add_argument("--sessions", type=int, help="conversations (default 7; quick 3; keep it coprime to replicas)")
+    p.add_argument("--turns", type=int, help="turns per conversation (default 4; quick 2)")
     p.add_argument(
         "--model",
         help="'bench' (default: the local bench model, prefill priced like a real model's), 'bench-long', "
@@ -184,8 +185,7 @@ def run(args: argparse.Namespace) -> Report:
     import raykv
     from raykv.integrations.vllm import require_vllm
 
-    if args.quick:
-        args.replicas, args.sessions, args.turns = 2, 3, 2
+    fill_defaults(args, {"replicas": 4, "sessions": 7, "turns": 4}, {"replicas": 2, "sessions": 3, "turns": 2})
     rounds = getattr(args, "rounds", 1)
     concurrency = getattr(args, "concurrency", None)  # 0: one request at a time
     output_tokens = getattr(args, "output_tokens", REPLY_TOKENS)

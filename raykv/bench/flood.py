@@ -48,6 +48,7 @@ from raykv.bench.common import (
     Failed,
     all_at_once,
     bad_option,
+    fill_defaults,
     machine,
     median,
     names_option,
@@ -119,7 +120,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="each tier's capacity, in prefixes' KV bytes (default 2.5; the pin must fit under "
         "max_pinned_fraction 0.5 of it: at least 2)",
     )
-    p.add_argument("--cycles", type=float, default=3.0, help="flood until every tier stored this x its capacity (3)")
+    p.add_argument(
+        "--cycles", type=float, help="flood until every tier stored this x its capacity (default 3; quick 1.5)"
+    )
     p.add_argument("--ttl", type=float, default=3600.0, help="the pinned prefix's cache_ttl_s (default 3600)")
     p.add_argument("--max-flood-prompts", type=int, default=400, help="give up flooding after this many (400)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
@@ -214,9 +217,9 @@ def check_options(args: argparse.Namespace) -> tuple[list[str], str]:
     """Apply ``--quick`` and defaults, check every option (``ValueError`` naming it)
     before a cluster starts; returns the configurations and a note on the prefix length.
     Sets ``args.max_model_len``: the model's positions (its longest prompt)."""
-    if args.quick:
-        args.replicas, args.prefix_tokens = 2, args.prefix_tokens or 1024
-        args.cycles = min(args.cycles, 1.5)
+    fill_defaults(args, {"cycles": 3.0}, {"cycles": 1.5})
+    if args.quick and args.prefix_tokens is None:
+        args.prefix_tokens = 1024
     if args.replicas < 2:
         raise bad_option("--replicas: at least 2 (the prefix must come back on a replica that did not compute it)")
     if args.suffix_tokens < BLOCK:

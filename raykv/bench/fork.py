@@ -35,6 +35,7 @@ from raykv.bench.common import (
     Failed,
     all_at_once,
     bad_option,
+    fill_defaults,
     machine,
     names_option,
     percentile,
@@ -72,11 +73,11 @@ SETTLE_S = 3.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=3, help="vLLM replicas, one per simulated node (default 3)")
-    p.add_argument("--forks", type=int, default=8, help="requests per burst, all sent at once (default 8)")
-    p.add_argument("--prefix-tokens", type=int, default=2048, help="the shared new prefix (default 2048)")
+    p.add_argument("--replicas", type=int, help="vLLM replicas, one per simulated node (default 3; quick 2)")
+    p.add_argument("--forks", type=int, help="requests per burst, all sent at once (default 8; quick 3)")
+    p.add_argument("--prefix-tokens", type=int, help="the shared new prefix (default 2048; quick 512)")
     p.add_argument("--suffix-tokens", type=int, default=32, help="each fork's own suffix (default 32)")
-    p.add_argument("--bursts", type=int, default=3, help="bursts per configuration, a new prefix each (default 3)")
+    p.add_argument("--bursts", type=int, help="bursts per configuration, a new prefix each (default 3; quick 1)")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)}")
     p.add_argument(
         "--model",
@@ -143,8 +144,11 @@ def run(args: argparse.Namespace) -> ForkResult:
     from raykv.bench.serve_app import start_cluster
     from raykv.integrations.vllm import require_vllm
 
-    if args.quick:
-        args.replicas, args.forks, args.bursts, args.prefix_tokens = 2, 3, 1, 512
+    fill_defaults(
+        args,
+        {"replicas": 3, "forks": 8, "bursts": 3, "prefix_tokens": 2048},
+        {"replicas": 2, "forks": 3, "bursts": 1, "prefix_tokens": 512},
+    )
     if args.replicas < 2:
         raise bad_option("--replicas: at least 2 (a burst meets a prefix computed on another replica)")
     if args.forks < 2 or args.bursts < 1:

@@ -47,7 +47,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, final
 
-from raykv.bench.common import Failed, bad_option, machine, names_option, percentile, table, target, targets_table
+from raykv.bench.common import (
+    Failed,
+    above_zero,
+    at_least,
+    bad_option,
+    fill_defaults,
+    machine,
+    names_option,
+    percentile,
+    table,
+    target,
+    targets_table,
+)
 from raykv.core.wire import JsonValue, Report
 from raykv.demo.models import resolve_model
 
@@ -82,10 +94,10 @@ COUNTERS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=2, help="vLLM replicas, one per simulated node (default 2)")
+    p.add_argument("--replicas", type=int, help="vLLM replicas, one per simulated node (default 2)")
     p.add_argument("--load", type=float, default=2.0, help="arrival rate as a multiple of capacity (default 2.0)")
-    p.add_argument("--duration-s", type=float, default=180.0, help="seconds of the overload phase (default 180)")
-    p.add_argument("--capacity-s", type=float, default=30.0, help="seconds of the capacity phase (default 30)")
+    p.add_argument("--duration-s", type=float, help="seconds of the overload phase (default 180; quick 12)")
+    p.add_argument("--capacity-s", type=float, help="seconds of the capacity phase (default 30; quick 8)")
     p.add_argument("--capacity-concurrency", type=int, help="closed-loop clients of it (default 4 per replica)")
     p.add_argument("--rate", type=float, help="arrivals/s of the overload phase (default: --load x capacity)")
     p.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma-separated subset of {', '.join(SCENARIOS)}")
@@ -93,17 +105,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kill-at", type=float, default=0.3, help="dead_shard: when, as a share of the phase (0.3)")
     p.add_argument("--max-ongoing-requests", type=int, default=8, help="Serve: per replica (default 8; 0: Serve's)")
     p.add_argument("--max-queued-requests", type=int, default=16, help="Serve: queued per handle (16; -1: unbounded)")
-    p.add_argument("--request-timeout-s", type=float, default=30.0, help="no byte for this long: timeout (30)")
-    p.add_argument("--prefixes", type=int, default=8, help="shared prefixes (default 8)")
-    p.add_argument("--prefix-tokens", type=int, default=512, help="tokens of each shared prefix (default 512)")
+    p.add_argument("--request-timeout-s", type=float, help="no byte for this long: timeout (30; quick 20)")
+    p.add_argument("--prefixes", type=int, help="shared prefixes (default 8; quick 2)")
+    p.add_argument("--prefix-tokens", type=int, help="tokens of each shared prefix (default 512; quick 256)")
     p.add_argument("--suffix-tokens", type=int, default=32, help="tokens of each prompt's own suffix (default 32)")
-    p.add_argument("--prompts", type=int, default=64, help="distinct prompts, drawn at random per request (64)")
-    p.add_argument("--output-tokens", type=int, default=8, help="tokens generated per request (default 8)")
+    p.add_argument("--prompts", type=int, help="distinct prompts, drawn at random per request (64; quick 8)")
+    p.add_argument("--output-tokens", type=int, help="tokens generated per request (default 8; quick 4)")
     p.add_argument("--model", help="'bench' (default), 'tiny' (the default with --quick), or a model directory")
     p.add_argument("--tiny", action="store_true", help="the tiny local model (same as --model tiny)")
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
 
 
+#: Defaults of the options ``--quick`` changes; an option given on the command line wins over both.
+FULL: dict[str, float | int] = {
+    "replicas": 2,
+    "duration_s": 180.0,
+    "capacity_s": 30.0,
+    "prefixes": 8,
+    "prefix_tokens": 512,
+    "prompts": 64,
+    "output_tokens": 8,
+    "request_timeout_s": 30.0,
+}
 QUICK: dict[str, float | int] = {
     "replicas": 2,
     "duration_s": 12.0,
@@ -474,15 +497,24 @@ def _scenarios(args: argparse.Namespace) -> list[str]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
-    if args.capacity_concurrency is None:
-        args.capacity_concurrency = 4 * args.replicas
+    """Fill the defaults (``--quick``'s where it is given) and check every option before anything starts."""
+    fill_defaults(args, FULL, QUICK)
     if args.replicas < 2:
         raise bad_option("--replicas: at least 2 (the router chooses between replicas)")
-    if args.load <= 0 or args.duration_s <= 0 or args.capacity_s <= 0 or not 0 <= args.kill_at < 1:
-        raise bad_option("--load, --duration-s, --capacity-s: above 0; --kill-at: in [0, 1)")
+    if args.capacity_concurrency is None:
+        args.capacity_concurrency = 4 * args.replicas
+    at_least(1, capacity_concurrency=args.capacity_concurrency, prefixes=args.prefixes, prompts=args.prompts)
+    at_least(1, prefix_tokens=args.prefix_tokens, suffix_tokens=args.suffix_tokens, output_tokens=args.output_tokens)
+    at_least(0, max_ongoing_requests=args.max_ongoing_requests)
+    at_least(-1, max_queued_requests=args.max_queued_requests)
+    above_zero(duration_s=args.duration_s, capacity_s=args.capacity_s, request_timeout_s=args.request_timeout_s)
+    for name, value in (("--load", args.load), ("--rate", args.rate)):
+        if value is not None and not 0 < value < math.inf:
+            raise bad_option(f"{name}: a finite number above 0, got {value}")
+    if not 0 <= args.kill_at < 1:
+        raise bad_option(f"--kill-at: in [0, 1) (a share of the overload phase), got {args.kill_at}")
+    if not 0 <= args.shard_delay_ms < 1e6:
+        raise bad_option(f"--shard-delay-ms: in [0, 1000000), got {args.shard_delay_ms}")
 
 
 def _prompts(model: str, args: argparse.Namespace) -> list[str]:

@@ -46,6 +46,7 @@ from raykv.bench.common import (
     at_least,
     bad_option,
     decode,
+    fill_defaults,
     machine,
     names_option,
     number,
@@ -82,11 +83,11 @@ def full_block_tokens(tokens: int) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=3, help="vLLM replicas, one per simulated node (default 3)")
-    p.add_argument("--sessions", type=int, default=12, help="conversations (default 12)")
-    p.add_argument("--turns", type=int, default=3, help="turns per conversation (default 3)")
+    p.add_argument("--replicas", type=int, help="vLLM replicas, one per simulated node (default 3; quick 2)")
+    p.add_argument("--sessions", type=int, help="conversations (default 12; quick 4)")
+    p.add_argument("--turns", type=int, help="turns per conversation (default 3; quick 2)")
     p.add_argument("--tenants", type=int, default=3, help="tenants, each with its own system prompt (default 3)")
-    p.add_argument("--concurrency", type=int, default=4, help="sessions in flight at once (default 4)")
+    p.add_argument("--concurrency", type=int, help="sessions in flight at once (default 4; quick 2)")
     p.add_argument(
         "--model",
         help="'bench' (default: the local bench model, prefill priced like a real model's), "
@@ -274,8 +275,11 @@ def run(args: argparse.Namespace) -> RoutingResult:
     from raykv.demo.replicas import chunk_bytes
     from raykv.integrations.vllm import require_vllm
 
-    if args.quick:
-        args.replicas, args.sessions, args.turns, args.concurrency = 2, 4, 2, 2
+    fill_defaults(
+        args,
+        {"replicas": 3, "sessions": 12, "turns": 3, "concurrency": 4},
+        {"replicas": 2, "sessions": 4, "turns": 2, "concurrency": 2},
+    )
     if args.replicas < 2:
         raise bad_option("--replicas: at least 2 (routing picks between replicas)")
     at_least(1, sessions=args.sessions, turns=args.turns, tenants=args.tenants, concurrency=args.concurrency)

@@ -60,6 +60,7 @@ from raykv.bench.common import (
     at_least,
     bad_option,
     decode,
+    fill_defaults,
     machine,
     names_option,
     number,
@@ -98,16 +99,16 @@ ENGINE_SOURCE = "device"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--replicas", type=int, default=3, help="vLLM replicas, one per simulated node (default 3)")
-    p.add_argument("--concurrency", type=int, default=4, help="jobs (prompts or sessions) in flight (default 4)")
-    p.add_argument("--prefixes", type=int, default=12, help="shared prefixes (default 12)")
-    p.add_argument("--prefix-tokens", type=int, default=1000, help="tokens of each shared prefix (default 1000)")
+    p.add_argument("--replicas", type=int, help="vLLM replicas, one per simulated node (default 3; quick 2)")
+    p.add_argument("--concurrency", type=int, help="jobs (prompts or sessions) in flight (default 4; quick 2)")
+    p.add_argument("--prefixes", type=int, help="shared prefixes (default 12; quick 2)")
+    p.add_argument("--prefix-tokens", type=int, help="tokens of each shared prefix (default 1000; quick 300)")
     p.add_argument("--suffix-tokens", type=int, default=64, help="tokens of each prompt's own suffix (default 64)")
-    p.add_argument("--prompts", type=int, default=120, help="shared-prefix prompts, spread over the prefixes (120)")
-    p.add_argument("--sessions", type=int, default=12, help="multi-turn sessions (default 12)")
-    p.add_argument("--turns", type=int, default=3, help="turns per session (default 3)")
-    p.add_argument("--tenants", type=int, default=3, help="tenants of the sessions, each a system prompt (default 3)")
-    p.add_argument("--output-tokens", type=int, default=8, help="tokens generated per request (default 8)")
+    p.add_argument("--prompts", type=int, help="shared-prefix prompts, spread over the prefixes (120; quick 4)")
+    p.add_argument("--sessions", type=int, help="multi-turn sessions (default 12; quick 2)")
+    p.add_argument("--turns", type=int, help="turns per session (default 3; quick 2)")
+    p.add_argument("--tenants", type=int, help="tenants of the sessions, each a system prompt (default 3; quick 2)")
+    p.add_argument("--output-tokens", type=int, help="tokens generated per request (default 8; quick 4)")
     p.add_argument(
         "--model",
         help="'bench' (default: the local bench model, prefill priced like a real model's), "
@@ -124,6 +125,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
 
 
+#: Defaults of the options ``--quick`` changes (``fill_defaults``: a given option wins).
+FULL = {
+    "replicas": 3,
+    "concurrency": 4,
+    "prefixes": 12,
+    "prefix_tokens": 1000,
+    "prompts": 120,
+    "sessions": 12,
+    "turns": 3,
+    "tenants": 3,
+    "output_tokens": 8,
+}
 QUICK = {
     "replicas": 2,
     "concurrency": 2,
@@ -525,9 +538,7 @@ def run(args: argparse.Namespace) -> ServeResult:
     from raykv.demo.replicas import chunk_bytes
     from raykv.integrations.vllm import require_vllm
 
-    if args.quick:
-        for key, value in QUICK.items():
-            setattr(args, key, value)
+    fill_defaults(args, FULL, QUICK)
     at_least(1, replicas=args.replicas, concurrency=args.concurrency, output_tokens=args.output_tokens)
     require_vllm()
     names = _configs(args)

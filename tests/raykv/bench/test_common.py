@@ -66,6 +66,12 @@ BAD_OPTIONS = [
     ("fork", "--configs", "today,bogus"),
     ("flood", "--replicas", "1"),
     ("overload", "--replicas", "1"),
+    ("overload", "--prompts", "0"),
+    ("overload", "--output-tokens", "0"),
+    ("overload", "--request-timeout-s", "0"),
+    ("overload", "--rate", "-2"),
+    ("overload", "--max-queued-requests", "-5"),
+    ("overload", "--shard-delay-ms", "-1"),
     ("routing", "--sessions", "0"),
     ("routing", "--concurrency", "0"),
     ("routing", "--router-option", "nope=1"),
@@ -77,13 +83,32 @@ BAD_OPTIONS = [
 def test_a_bad_bench_option_is_bad_input_not_an_unexpected_error(capsys, bench, option, value) -> None:
     """``raykv bench NAME --option BAD``: one line naming the option, exit code 2 (as for
     any bad input), and nothing started: no "unexpected" error, no cluster."""
+    _refused(capsys, ["bench", bench, option, value, "--no-progress"], option)
+
+
+#: Options that ``--quick`` also sets: given with it, the given value counts (here a bad one).
+QUICK_AND_GIVEN = [
+    ("e2e", "--replicas", "1"),
+    ("fork", "--forks", "1"),
+    ("routing", "--replicas", "1"),
+    ("serve", "--concurrency", "0"),
+    ("overload", "--replicas", "1"),
+]
+
+
+@pytest.mark.parametrize(("bench", "option", "value"), QUICK_AND_GIVEN)
+def test_an_option_given_with_quick_wins_over_quicks_value(capsys, bench, option, value) -> None:
+    _refused(capsys, ["bench", bench, "--quick", option, value, "--no-progress"], option)
+
+
+def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], option: str) -> None:
     import ray
 
     from raykv.ops.cli import main
 
     was_up = ray.is_initialized()
     t0 = time.monotonic()
-    rc = main(["bench", bench, option, value, "--no-progress"])
+    rc = main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2, (rc, err)
     assert err.startswith(f"raykv: error: {option}") and "\n" not in err, err

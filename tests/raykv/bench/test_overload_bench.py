@@ -155,16 +155,22 @@ def _args(*argv: str):
 
 def test_options() -> None:
     args = _args()
-    assert args.load == 2.0 and args.duration_s == 180 and args.shard_delay_ms == 500
+    assert args.load == 2.0 and args.shard_delay_ms == 500
     assert overload._scenarios(args) == list(overload.SCENARIOS)
     assert overload._scenarios(_args("--scenarios", "healthy,dead_shard")) == ["healthy", "dead_shard"]
     with pytest.raises(ValueError, match="--scenarios"):
         overload._scenarios(_args("--scenarios", "healthy,flaky"))
     overload._check(args)
     assert args.capacity_concurrency == 8
+    assert args.replicas == 2 and args.prompts == 64 and args.duration_s == 180
     quick = _args("--quick")
     overload._check(quick)
-    assert quick.duration_s == overload.QUICK["duration_s"]
+    assert quick.duration_s == overload.QUICK["duration_s"] and quick.replicas == 2
+    # an option given with --quick wins over --quick's default
+    quick3 = _args("--quick", "--replicas", "3", "--duration-s", "40")
+    overload._check(quick3)
+    assert (quick3.replicas, quick3.duration_s, quick3.capacity_concurrency) == (3, 40.0, 12)
+    assert quick3.capacity_s == overload.QUICK["capacity_s"]
     with pytest.raises(ValueError, match="--replicas"):
         overload._check(_args("--replicas", "1"))
     with pytest.raises(ValueError, match="--kill-at"):

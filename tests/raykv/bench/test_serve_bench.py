@@ -246,9 +246,16 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_options() -> None:
+    from raykv.bench.common import fill_defaults
+
     args = _args()
+    fill_defaults(args, bench_serve.FULL, bench_serve.QUICK)
     assert (args.replicas, args.concurrency, args.output_tokens) == (3, 4, 8)
     assert (args.prefixes, args.prefix_tokens, args.suffix_tokens, args.prompts) == (12, 1000, 64, 120)
+    # --quick's values, but for an option given on the command line
+    quick = _args("--quick", "--replicas", "4")
+    fill_defaults(quick, bench_serve.FULL, bench_serve.QUICK)
+    assert (quick.replicas, quick.concurrency, quick.prefix_tokens) == (4, 2, 300)
     assert bench_serve._configs(args) == list(bench_serve.CONFIGS)
     assert _args("--concurrency", "16").concurrency == 16
     assert bench_serve._configs(_args("--configs", "no_raykv,raykv")) == ["no_raykv", "raykv"]
