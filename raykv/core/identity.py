@@ -99,6 +99,12 @@ class KVIdentity:
         """A short human name: ``model@revision`` plus the layout's key fields."""
         name = self.model + (f"@{self.revision}" if self.revision else "")
         bits = [f"{k}={self.layout[k]}" for k in ("dtype", "tp", "pp", "rank") if k in self.layout]
+        engine = self.layout.get("engine_config")
+        if isinstance(engine, Mapping):  # what tells two engines of the same files apart
+            if engine.get("quantization"):
+                bits.append(f"quantization={engine['quantization']}")
+            if engine.get("hf_config"):
+                bits.append(f"config={str(engine['hf_config'])[:8]}")
         return " ".join([name, *bits])
 
 

@@ -50,3 +50,14 @@ def test_layout_ints_are_read_checked():
         ident.layout_int("dtype")
     with pytest.raises(ValueError, match="layout\\['tp'\\] must be an int, got None"):
         ident.layout_int("tp")
+
+
+def test_the_label_tells_apart_two_identities_of_the_same_files():
+    layout = {"dtype": "bfloat16", "tp": 1, "pp": 1, "rank": 0}
+    plain = KVIdentity(model="/m", layout={**layout, "engine_config": {"quantization": None, "hf_config": "ab" * 16}})
+    quant = KVIdentity(model="/m", layout={**layout, "engine_config": {"quantization": "fp8", "hf_config": "cd" * 16}})
+    assert plain.label() == "/m dtype=bfloat16 tp=1 pp=1 rank=0 config=abababab"
+    assert quant.label() == "/m dtype=bfloat16 tp=1 pp=1 rank=0 quantization=fp8 config=cdcdcdcd"
+    assert KVIdentity(model="/m", layout={**layout, "engine_config": "unknown"}).label() == (
+        "/m dtype=bfloat16 tp=1 pp=1 rank=0"
+    )
