@@ -109,10 +109,8 @@ def llm_config(
         endpoint, topic = ev.get("endpoint"), ev.get("topic", "")
         engine_events = {"endpoint": None if endpoint is None else str(endpoint), "topic": str(topic)}
     if attach:
-        kwargs["kv_transfer_config"] = (
-            raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes)
-            if engine_events is None
-            else raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, raykv_engine_events=engine_events)
+        kwargs["kv_transfer_config"] = _kv_transfer_config(
+            raykv_cfg, cpu_bytes, engine_events, kwargs.get("kv_transfer_config")
         )
     extra: dict[str, object] = dict(llm_config_kwargs)
     deployment = _mapping_arg(extra.pop("deployment_config", None), "deployment_config")
@@ -153,6 +151,38 @@ def llm_config(
             **extra,
         }
     )
+
+
+#: What raykv sets in the connector's extra config (the rest of a caller's is kept).
+_RAYKV_EXTRA = ("spec_name", "spec_module_path", "secondary_tiers", "cpu_bytes_to_use", "raykv_engine_events")
+
+
+def _kv_transfer_config(
+    raykv_cfg: Mapping[str, object],
+    cpu_bytes: int,
+    engine_events: dict[str, JsonValue] | None,
+    given: object,
+) -> dict[str, JsonValue]:
+    """raykv's ``kv_transfer_config``, with what the caller's own (``engine_kwargs``) adds to
+    vLLM's ``OffloadingConnector``: its other fields and extra-config options are kept; another
+    connector, or a field raykv sets, is refused rather than silently replaced."""
+    where = "engine_kwargs.kv_transfer_config"
+    own = _mapping_arg(given, where)
+    connector = own.pop("kv_connector", "OffloadingConnector")
+    if connector != "OffloadingConnector":
+        raise ValueError(
+            f"{where}.kv_connector: raykv attaches vLLM's OffloadingConnector, not {connector!r} "
+            "(pass raykv=False to run another connector)"
+        )
+    extra = _mapping_arg(own.pop("kv_connector_extra_config", None), f"{where}.kv_connector_extra_config")
+    for key in _RAYKV_EXTRA:
+        if key in extra:
+            how = "cpu_bytes" if key == "cpu_bytes_to_use" else "raykv=... (tiers) and engine_cache"
+            raise ValueError(f"{where}.kv_connector_extra_config.{key}: set by raykv; use {how}")
+    if engine_events is not None:
+        extra["raykv_engine_events"] = engine_events
+    base = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **extra)  # type: ignore[arg-type]
+    return {**base, **own}  # type: ignore[dict-item]
 
 
 def _mapping_arg(value: object, name: str) -> dict[str, object]:

@@ -63,3 +63,35 @@ def test_app_builder_takes_serve_yaml_replica_counts(tiny_model) -> None:
     for bad in ("0", "-1", "two", True):
         with pytest.raises(ValueError, match="num_replicas: must be a positive integer or 'auto'"):
             app_builder({**args, "num_replicas": bad})
+
+
+def test_a_callers_kv_transfer_config_adds_to_raykvs_or_is_refused(tiny_model) -> None:
+    """``engine_kwargs["kv_transfer_config"]`` used to be replaced by raykv's without a word.
+    Its extra options and fields now join raykv's OffloadingConnector; another connector, or a
+    field raykv sets, is refused naming the field."""
+    pytest.importorskip("ray.serve.llm")
+    from raykv.serve import llm_config
+
+    own = {
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"offload_prompt_only": False, "block_size": 256},
+    }
+    cfg = llm_config(tiny_model, accelerator="cpu", router="raykv", engine_kwargs={"kv_transfer_config": own})
+    kv = cfg.engine_kwargs["kv_transfer_config"]
+    extra = kv["kv_connector_extra_config"]
+    assert kv["kv_connector"] == "OffloadingConnector" and kv["kv_load_failure_policy"] == "recompute"
+    assert extra["offload_prompt_only"] is False and extra["block_size"] == 256
+    assert extra["spec_name"] == "RaykvOffloadingSpec" and extra["secondary_tiers"]
+    assert "raykv_engine_events" in extra  # the raykv router's engine events are still on
+
+    with pytest.raises(ValueError, match=r"kv_transfer_config.kv_connector: .*'NixlConnector'.*raykv=False"):
+        llm_config(tiny_model, engine_kwargs={"kv_transfer_config": {"kv_connector": "NixlConnector"}})
+    for key, how in (("cpu_bytes_to_use", "cpu_bytes"), ("secondary_tiers", "tiers")):
+        bad = {"kv_connector_extra_config": {key: 1}}
+        with pytest.raises(ValueError, match=rf"kv_connector_extra_config.{key}: set by raykv; use .*{how}"):
+            llm_config(tiny_model, engine_kwargs={"kv_transfer_config": bad})
+    with pytest.raises(ValueError, match="engine_kwargs.kv_transfer_config must be a mapping"):
+        llm_config(tiny_model, engine_kwargs={"kv_transfer_config": "OffloadingConnector"})
+    # raykv=False: the caller's own connector, untouched
+    plain = llm_config(tiny_model, raykv=False, engine_kwargs={"kv_transfer_config": {"kv_connector": "X"}})
+    assert plain.engine_kwargs["kv_transfer_config"] == {"kv_connector": "X"}
