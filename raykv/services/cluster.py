@@ -487,6 +487,13 @@ def attach(
     control = _get_actor(naming.CONTROL_ACTOR, namespace)
     if control is None:
         if start_if_missing:
+            # A mistyped namespace lands here too: say so, where the engine's log shows it.
+            logger.warning(
+                "raykv was not running in Ray namespace %r: started it with the default settings "
+                "(`raykv start --config` sets them; `raykv status --namespace %s` shows it)",
+                namespace,
+                namespace,
+            )
             return start({"namespace": namespace})
         raise RaykvError(
             f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` (or raykv.start()) first"

@@ -50,3 +50,24 @@ def test_stop_after_the_control_actor_died_kills_what_is_left(ray_local) -> None
     assert not stopped.was_running
     assert set(stopped.leftovers) == left
     wait_until(lambda: not _raykv_actors(namespace), timeout_s=20.0, what="the leftover actors to go")
+
+
+def test_an_engine_that_finds_no_raykv_starts_one_and_says_so(ray_local, caplog) -> None:
+    """What an engine's tier does (``attach(start_if_missing=True)``): a raykv with the default
+    settings, and a warning naming the namespace (a mistyped one shows in the engine's log)."""
+    import logging
+
+    from raykv.services.cluster import attach
+
+    namespace = "raykv-started-by-an-engine"
+    with caplog.at_level(logging.WARNING, logger="raykv.services.cluster"):
+        services = attach(namespace, start_if_missing=True)
+    assert naming.CONTROL_ACTOR in _raykv_actors(namespace)
+    assert any(
+        f"raykv was not running in Ray namespace {namespace!r}: started it" in r.getMessage() for r in caplog.records
+    ), caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="raykv.services.cluster"):
+        assert attach(namespace, start_if_missing=True) is services  # running now: no second word
+    assert not caplog.records
+    raykv.stop(namespace)
