@@ -201,7 +201,7 @@ class RaykvTier(SecondaryTierManager):
         engine_cache = options.pop("engine_cache", True)
         if not isinstance(engine_cache, bool):
             raise ValueError(f"engine_cache: must be true or false, got {engine_cache!r}")
-        ensure_ray(_str_option(options.pop("ray_address", None)) or os.environ.get("RAY_ADDRESS"))
+        ensure_ray(_str_option(options.pop("ray_address", None)) or os.environ.get("RAY_ADDRESS"), guest=True)
         if not compat.carry_cache_salt():
             logger.warning(
                 "vLLM %s: request cache_salt does not reach raykv tiers (quotas by salt off)", compat.version()
