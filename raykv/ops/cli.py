@@ -13,7 +13,7 @@ from raykv.config.file import load_config_file
 from raykv.core.errors import RaykvError, root_cause
 from raykv.core.logs import configure_cli
 from raykv.core.units import parse_size
-from raykv.core.validate import ConfigError
+from raykv.core.validate import ArgumentError, ConfigError
 
 #: Set to show the traceback of an unexpected error (raykv's own bug, or Ray's).
 DEBUG_ENV = "RAYKV_DEBUG"
@@ -137,7 +137,16 @@ def cmd_vllm_config(args: argparse.Namespace) -> int:
     from raykv.integrations.vllm import raykv_kv_transfer_config
 
     raw = _load_config(args.config, args.namespace)
-    print(json.dumps(raykv_kv_transfer_config(raw, cpu_bytes=args.cpu_bytes, ray_address=args.ray_address)))
+    if args.model_revision is not None and not args.model_revision.strip():
+        raise ArgumentError("--model-revision", "must be a non-empty revision (a date, a commit, a tag)")
+    kv = raykv_kv_transfer_config(
+        raw,
+        cpu_bytes=args.cpu_bytes,
+        ray_address=args.ray_address,
+        model_revision=args.model_revision,
+        weights_fingerprint=args.weights_fingerprint,
+    )
+    print(json.dumps(kv))
     return 0
 
 
@@ -300,6 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="CPU primary tier size: bytes or a size like 8GiB (default 4 GiB)",
     )
     sp.add_argument("--ray-address", help="Ray address for the engine process (default: RAY_ADDRESS, else auto)")
+    sp.add_argument(
+        "--model-revision",
+        help="the weights' revision in the engines' KV identity (bump it on every weight update)",
+    )
+    sp.add_argument(
+        "--weights-fingerprint",
+        choices=("stat", "content", "none"),
+        help="how the KV identity tells weight files apart: stat (default: names, sizes, mtimes), "
+        "content (a hash of every byte), none (the model name and --model-revision only)",
+    )
     sp.set_defaults(func=cmd_vllm_config)
 
     sp = sub.add_parser("demo", help="run the demo on an embedded local Ray")

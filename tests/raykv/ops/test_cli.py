@@ -54,3 +54,24 @@ def test_vllm_config_warns_when_no_tier_is_listed(tmp_path) -> None:
     with_tier.write_text("tiers: [{type: object_store}]\n")
     p = run_raykv("vllm-config", "--config", str(with_tier))
     assert p.returncode == 0 and p.stderr == ""
+
+
+def test_vllm_config_sets_the_identity_options() -> None:
+    """``--model-revision`` / ``--weights-fingerprint``: what the Python API's
+    ``raykv_kv_transfer_config`` takes, for engines started with ``vllm serve``."""
+    p = run_raykv(
+        "vllm-config",
+        "--config",
+        "cluster_configs/raykv.yaml",
+        "--model-revision",
+        "2026-12-04",
+        "--weights-fingerprint",
+        "none",
+    )
+    assert p.returncode == 0, p.stderr
+    extra = json.loads(p.stdout)["kv_connector_extra_config"]
+    assert extra["raykv_model_revision"] == "2026-12-04" and extra["raykv_weights_fingerprint"] == "none"
+    p = run_raykv("vllm-config", "--model-revision", " ")
+    assert p.returncode == 2 and p.stderr.strip().startswith("raykv: error: --model-revision: must be a non-empty")
+    p = run_raykv("vllm-config", "--weights-fingerprint", "md5")
+    assert p.returncode == 2 and "invalid choice: 'md5'" in p.stderr
