@@ -57,6 +57,8 @@ def llm_config(
     router: str = "default",
     router_kwargs: Mapping[str, object] | None = None,
     engine_cache: bool | None = None,
+    model_revision: str | None = None,
+    weights_fingerprint: str | None = None,
     **llm_config_kwargs: object,
 ) -> LLMConfig:
     """A ``LLMConfig`` for ``model`` with raykv's cluster cache attached.
@@ -83,6 +85,9 @@ def llm_config(
         router_kwargs: more options of the router (``request_router_kwargs``).
         engine_cache: record each engine's own KV cache in raykv's directory
             (vLLM's KV events; default: with the raykv router).
+        model_revision, weights_fingerprint: the engines' KV identity options
+            (``raykv.integrations.vllm.raykv_kv_transfer_config``: bump the revision on
+            every weight update; ``none`` trusts the model name and revision alone).
     """
     from ray.serve.llm import LLMConfig
 
@@ -101,6 +106,8 @@ def llm_config(
         raise ValueError(f"engine_cache must be true or false; got {engine_cache!r}")
     if not attach and (router == "raykv" or engine_cache):
         raise ValueError("raykv=False: the raykv router and engine_cache need raykv attached")
+    if not attach and (model_revision is not None or weights_fingerprint is not None):
+        raise ValueError("raykv=False: model_revision and weights_fingerprint are raykv's KV identity options")
     if engine_cache:
         kwargs.setdefault("kv_events_config", dict(RAYKV_KV_EVENTS))
         ev = kwargs["kv_events_config"]
@@ -109,8 +116,9 @@ def llm_config(
         endpoint, topic = ev.get("endpoint"), ev.get("topic", "")
         engine_events = {"endpoint": None if endpoint is None else str(endpoint), "topic": str(topic)}
     if attach:
+        identity = {"model_revision": model_revision, "weights_fingerprint": weights_fingerprint}
         kwargs["kv_transfer_config"] = _kv_transfer_config(
-            raykv_cfg, cpu_bytes, engine_events, kwargs.get("kv_transfer_config")
+            raykv_cfg, cpu_bytes, engine_events, kwargs.get("kv_transfer_config"), identity
         )
     extra: dict[str, object] = dict(llm_config_kwargs)
     deployment = _mapping_arg(extra.pop("deployment_config", None), "deployment_config")
@@ -162,6 +170,7 @@ def _kv_transfer_config(
     cpu_bytes: int,
     engine_events: dict[str, JsonValue] | None,
     given: object,
+    identity: Mapping[str, str | None],
 ) -> dict[str, JsonValue]:
     """raykv's ``kv_transfer_config``, with what the caller's own (``engine_kwargs``) adds to
     vLLM's ``OffloadingConnector``: its other fields and extra-config options are kept; another
@@ -181,7 +190,7 @@ def _kv_transfer_config(
             raise ValueError(f"{where}.kv_connector_extra_config.{key}: set by raykv; use {how}")
     if engine_events is not None:
         extra["raykv_engine_events"] = engine_events
-    base = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **extra)  # type: ignore[arg-type]
+    base = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **identity, **extra)  # type: ignore[arg-type]
     return {**base, **own}  # type: ignore[dict-item]
 
 

@@ -95,3 +95,19 @@ def test_a_callers_kv_transfer_config_adds_to_raykvs_or_is_refused(tiny_model) -
     # raykv=False: the caller's own connector, untouched
     plain = llm_config(tiny_model, raykv=False, engine_kwargs={"kv_transfer_config": {"kv_connector": "X"}})
     assert plain.engine_kwargs["kv_transfer_config"] == {"kv_connector": "X"}
+
+
+def test_the_identity_options_reach_the_engines(tiny_model) -> None:
+    """``model_revision`` / ``weights_fingerprint``, as ``raykv_kv_transfer_config`` takes them
+    (and ``serve run raykv.serve:app_builder model_revision=...``), checked by name."""
+    pytest.importorskip("ray.serve.llm")
+    from raykv.core.validate import ArgumentError
+    from raykv.serve import llm_config
+
+    cfg = llm_config(tiny_model, accelerator="cpu", model_revision="2026-12-04", weights_fingerprint="none")
+    extra = cfg.engine_kwargs["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra["raykv_model_revision"] == "2026-12-04" and extra["raykv_weights_fingerprint"] == "none"
+    with pytest.raises(ArgumentError, match="weights_fingerprint"):
+        llm_config(tiny_model, accelerator="cpu", weights_fingerprint="md5")
+    with pytest.raises(ValueError, match="raykv=False: model_revision"):
+        llm_config(tiny_model, raykv=False, model_revision="r1")
