@@ -161,10 +161,6 @@ def llm_config(
     )
 
 
-#: What raykv sets in the connector's extra config (the rest of a caller's is kept).
-_RAYKV_EXTRA = ("spec_name", "spec_module_path", "secondary_tiers", "cpu_bytes_to_use", "raykv_engine_events")
-
-
 def _kv_transfer_config(
     raykv_cfg: Mapping[str, object],
     cpu_bytes: int,
@@ -174,7 +170,7 @@ def _kv_transfer_config(
 ) -> dict[str, JsonValue]:
     """raykv's ``kv_transfer_config``, with what the caller's own (``engine_kwargs``) adds to
     vLLM's ``OffloadingConnector``: its other fields and extra-config options are kept; another
-    connector, or a field raykv sets, is refused rather than silently replaced."""
+    connector, or an extra option raykv sets, is refused rather than silently replaced."""
     where = "engine_kwargs.kv_transfer_config"
     own = _mapping_arg(given, where)
     connector = own.pop("kv_connector", "OffloadingConnector")
@@ -183,14 +179,16 @@ def _kv_transfer_config(
             f"{where}.kv_connector: raykv attaches vLLM's OffloadingConnector, not {connector!r} "
             "(pass raykv=False to run another connector)"
         )
-    extra = _mapping_arg(own.pop("kv_connector_extra_config", None), f"{where}.kv_connector_extra_config")
-    for key in _RAYKV_EXTRA:
-        if key in extra:
-            how = "cpu_bytes" if key == "cpu_bytes_to_use" else "raykv=... (tiers) and engine_cache"
+    own_extra = _mapping_arg(own.pop("kv_connector_extra_config", None), f"{where}.kv_connector_extra_config")
+    events = {} if engine_events is None else {"raykv_engine_events": engine_events}
+    base = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **identity, **events)  # type: ignore[arg-type]
+    extra = base["kv_connector_extra_config"]
+    assert isinstance(extra, dict)
+    for key, value in own_extra.items():
+        if key in extra or key in ("spec_name", "spec_module_path"):
+            how = {"cpu_bytes_to_use": "cpu_bytes=", "secondary_tiers": "raykv= (its tiers)"}.get(key, "raykv's own")
             raise ValueError(f"{where}.kv_connector_extra_config.{key}: set by raykv; use {how}")
-    if engine_events is not None:
-        extra["raykv_engine_events"] = engine_events
-    base = raykv_kv_transfer_config(raykv_cfg, cpu_bytes=cpu_bytes, **identity, **extra)  # type: ignore[arg-type]
+        extra[key] = value  # type: ignore[assignment]
     return {**base, **own}  # type: ignore[dict-item]
 
 

@@ -86,10 +86,14 @@ def test_a_callers_kv_transfer_config_adds_to_raykvs_or_is_refused(tiny_model) -
 
     with pytest.raises(ValueError, match=r"kv_transfer_config.kv_connector: .*'NixlConnector'.*raykv=False"):
         llm_config(tiny_model, engine_kwargs={"kv_transfer_config": {"kv_connector": "NixlConnector"}})
-    for key, how in (("cpu_bytes_to_use", "cpu_bytes"), ("secondary_tiers", "tiers")):
+    for key, how in (("cpu_bytes_to_use", "cpu_bytes"), ("secondary_tiers", "tiers"), ("spec_name", "raykv")):
         bad = {"kv_connector_extra_config": {key: 1}}
         with pytest.raises(ValueError, match=rf"kv_connector_extra_config.{key}: set by raykv; use .*{how}"):
             llm_config(tiny_model, engine_kwargs={"kv_transfer_config": bad})
+    # names of raykv_kv_transfer_config's own arguments are options like any other here
+    odd = {"kv_connector_extra_config": {"vllm_tiers": "x", "cpu_bytes": 1}}
+    kv = llm_config(tiny_model, engine_kwargs={"kv_transfer_config": odd}).engine_kwargs["kv_transfer_config"]
+    assert kv["kv_connector_extra_config"]["vllm_tiers"] == "x" and kv["kv_connector_extra_config"]["cpu_bytes"] == 1
     with pytest.raises(ValueError, match="engine_kwargs.kv_transfer_config must be a mapping"):
         llm_config(tiny_model, engine_kwargs={"kv_transfer_config": "OffloadingConnector"})
     # raykv=False: the caller's own connector, untouched
