@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "fork": "raykv.bench.fork",  # a burst sharing a new prefix: computed once cluster-wide or per replica
     "flood": "raykv.bench.flood",  # prompt caching: a pinned prefix through a flood that cycles every tier
     "overload": "raykv.bench.overload",  # the raykv-routed Serve LLM app at 2x capacity: healthy, slow/dead shard
+    "recompute": "raykv.bench.recompute",  # prefill time per token against loading its KV (torch only; CUDA too)
     "routing": "raykv.bench.routing",  # a Ray Serve LLM app under three request routers
     "serve": "raykv.bench.serve",  # a Ray Serve LLM app with and without raykv under streaming load
 }
