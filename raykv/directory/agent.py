@@ -36,6 +36,7 @@ from raykv.core.wire import LookupReply
 from raykv.directory.agent_state import AgentState, FeedPosition
 from raykv.directory.fingerprint import from_blob, to_blob
 from raykv.directory.messages import AgentStats, FeedOp, FeedPage, ShardBatchReply
+from raykv.directory.replaced import take_replacement
 from raykv.directory.shm_view import ViewWriter, view_path
 from raykv.directory.view import NodeView
 from raykv.directory.window import AgentWindow
@@ -102,7 +103,7 @@ class DirectoryAgent:
         #: Set once every shard's feed is followed: answers before that could not be kept.
         self._following = asyncio.Event()
         self._tasks = [loop.create_task(self._follow(i)) for i in range(len(shards))]
-        self._tasks.append(loop.create_task(self._beat()))
+        self._tasks.append(loop.create_task(_beat(self.writer)))
         self._tasks.append(loop.create_task(publish_agent_metrics(node_id, self._figures)))
         self._status_log = status_log.spawn(self.status_line, namespace=namespace)
 
@@ -134,6 +135,7 @@ class DirectoryAgent:
                 resync = state.lost(shard)
                 if resync:
                     logger.info("directory shard %d unreachable (%s): view reset", shard, type(e).__name__)
+                await take_replacement(self.shards, self.namespace, shard, e, self.calls)
                 await self._read_holders(resync)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
@@ -168,11 +170,6 @@ class DirectoryAgent:
                     self.state.view.register(shard, info.holder_id, to_blob(fps))
         finally:
             self._reading -= 1
-
-    async def _beat(self) -> None:
-        while True:
-            self.writer.beat()
-            await asyncio.sleep(BEAT_S)
 
     # -- engines' lookups, holders' changes -----------------------------------------
     async def _started(self) -> None:
@@ -333,6 +330,13 @@ def _published_view(namespace: str, node_id: str, max_keys: int, all_keys: bool)
     )
     writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
     return writer, view
+
+
+async def _beat(writer: ViewWriter) -> None:
+    """The view's heartbeat, for as long as the agent lives."""
+    while True:
+        writer.beat()
+        await asyncio.sleep(BEAT_S)
 
 
 def start_agent(

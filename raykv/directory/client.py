@@ -14,11 +14,12 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import ray
 from ray.actor import ActorHandle
+from ray.exceptions import ActorDiedError
 
 from raykv.core.keys import bytes_and_length, checked_keys, shard_of
 from raykv.core.logs import Throttled
@@ -29,6 +30,7 @@ from raykv.core.wire import HolderInfo, LookupReply
 from raykv.directory.answers import AnswerStore
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
 from raykv.directory.messages import ShardStats
+from raykv.directory.replaced import HEAL_EVERY_S, replacement
 from raykv.directory.round_trips import RoundTrips
 from raykv.directory.shm_view import ViewReader
 from raykv.directory.view_overlay import ViewOverlay
@@ -67,11 +69,27 @@ def fingerprints_and_shards(
 class PendingLookup:
     """An in-flight batched lookup (one call per shard)."""
 
-    def __init__(self, keys: list[bytes], parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]]) -> None:
+    def __init__(
+        self,
+        keys: list[bytes],
+        parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]],
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self.keys = keys
         self.parts = parts
         self.sent_at = time.monotonic()
         self._outcomes: list[CallOutcome] | None = None  # from the first ``done``
+        self._on_error = on_error  # told of a reply's error before it is raised
+
+    def _replies(self, timeout: float | None) -> list[LookupReply]:
+        try:
+            if self._outcomes is not None and all(o.finished for o in self._outcomes):
+                return [o.value() for o in self._outcomes]  # ``done`` said so: no ray.get
+            return ray.get([ref for _, ref in self.parts], timeout=timeout)
+        except Exception as e:
+            if self._on_error is not None:
+                self._on_error(e)
+            raise
 
     def done(self) -> bool:
         COUNTS.polls += 1
@@ -86,13 +104,16 @@ class PendingLookup:
     def result(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """Holders of each key (empty list: nobody). Keys with the same holders
         share one list: treat the lists as read-only."""
-        if self._outcomes is not None and all(o.finished for o in self._outcomes):
-            return self.decode([o.value() for o in self._outcomes])  # ``done`` said so: no ray.get
-        return self.decode(ray.get([ref for _, ref in self.parts], timeout=timeout))
+        return self.decode(self._replies(timeout))
 
     async def result_async(self, timeout: float | None = None) -> list[list[HolderInfo]]:
         """``result`` awaited on an event loop (holder actors): never blocks it."""
-        replies = await asyncio.wait_for(asyncio.gather(*(ref for _, ref in self.parts)), timeout)
+        try:
+            replies = await asyncio.wait_for(asyncio.gather(*(ref for _, ref in self.parts)), timeout)
+        except Exception as e:
+            if self._on_error is not None:
+                self._on_error(e)
+            raise
         return self.decode(replies)
 
     def _codes(self, replies: Sequence[LookupReply]) -> tuple[np.ndarray, np.ndarray]:
@@ -107,7 +128,7 @@ class PendingLookup:
 
     def prefix(self, node_id: str | None, timeout: float | None = None) -> PrefixHit:
         """The leading keys held anywhere, each with its preferred holder."""
-        codes, by_code = self._codes(ray.get([ref for _, ref in self.parts], timeout=timeout))
+        codes, by_code = self._codes(self._replies(timeout))
         return prefix_from_codes(codes, by_code, node_id)
 
 
@@ -119,10 +140,45 @@ class DirectoryClient:
     holder-set ids: no per-key object is pickled either way.
     """
 
-    def __init__(self, shards: Sequence[ActorHandle]) -> None:
+    def __init__(self, shards: Sequence[ActorHandle], namespace: str | None = None) -> None:
         if not shards:
             raise ValueError("a directory needs at least one shard")
         self.shards = list(shards)
+        #: Where to look for a shard started again under its name (None: never look).
+        self.namespace = namespace
+        self._healing_lock = threading.Lock()
+        self._healing_until: dict[int, float] = {}  # shard -> no new lookup for it before (monotonic)
+
+    def _heal_after(self, error: BaseException | None, indices: Sequence[int]) -> None:
+        """A call to shards ``indices`` ended with ``error``: if one is dead for good, look for
+        successors on a thread of its own (for each shard at most one lookup a second)."""
+        if self.namespace is None or not isinstance(error, ActorDiedError):
+            return
+        now = time.monotonic()
+        with self._healing_lock:
+            due = [i for i in indices if now >= self._healing_until.get(i, 0.0)]
+            for i in due:
+                self._healing_until[i] = now + HEAL_EVERY_S
+        if due:
+            threading.Thread(target=self._replace_all, args=(due,), name="raykv-shard-heal", daemon=True).start()
+
+    def _replace_all(self, indices: Sequence[int]) -> None:
+        for i in indices:
+            try:
+                self.replace_dead(i)
+            except Exception as e:  # the GCS unreachable: the next error tries again
+                logger.debug("raykv: no successor found for directory shard %d: %r", i, e)
+
+    def replace_dead(self, index: int) -> bool:
+        """After ``ActorDiedError`` from shard ``index``: call the actor named for it now, if that
+        is another one (``raykv.directory.replaced``). Blocking: call it off an event loop."""
+        if self.namespace is None:
+            return False
+        new = replacement(self.namespace, index, self.shards[index])
+        if new is None:
+            return False
+        self.shards[index] = new
+        return True
 
     @property
     def num_shards(self) -> int:
@@ -164,7 +220,11 @@ class DirectoryClient:
         """Register ``key`` for ``holder_id`` at its shard, straight (no agent window);
         the answer: how many other holders listed it first (``DirectoryShardImpl.claim``)."""
         fps, shards = fingerprints_and_shards([key], len(key), len(self.shards))
-        return self.shards[int(shards[0])].claim.remote(holder_id, to_blob(fps))
+        index = int(shards[0])
+        ref: ray.ObjectRef[int] = self.shards[index].claim.remote(holder_id, to_blob(fps))
+        if self.namespace is not None:
+            ref.future().add_done_callback(lambda f: f.cancelled() or self._heal_after(f.exception(), [index]))
+        return ref
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         return [
@@ -178,12 +238,15 @@ class DirectoryClient:
 
     def _lookup_bytes(self, keys: list[bytes], length: int | None) -> PendingLookup:
         """``lookup_async`` of keys known to be a list of ``bytes`` (all ``length`` long when known)."""
-        parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]] = [
-            (pos, self.shards[i].lookup.remote(blob))
-            for i, (pos, blob) in enumerate(self._split(keys, length))
-            if len(pos)
-        ]
-        return PendingLookup(keys, parts)
+        asked: list[int] = []
+        parts: list[tuple[np.ndarray, ray.ObjectRef[LookupReply]]] = []
+        for i, (pos, blob) in enumerate(self._split(keys, length)):
+            if len(pos):
+                asked.append(i)
+                parts.append((pos, self.shards[i].lookup.remote(blob)))
+        if self.namespace is None:
+            return PendingLookup(keys, parts)
+        return PendingLookup(keys, parts, lambda e: self._heal_after(e, asked))
 
     def lookup(self, keys: Sequence[bytes], timeout: float | None = 30.0) -> list[list[HolderInfo]]:
         """Blocking lookup (tools and tests; engines use ``LookupCache``).

@@ -35,6 +35,7 @@ from typing import ParamSpec, TypeVar, cast
 import numpy as np
 import ray
 from ray.actor import ActorClass, ActorHandle
+from ray.exceptions import ActorDiedError
 
 from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
@@ -148,18 +149,23 @@ class WatchableActor:
         repaired = 0
         for i, listed in enumerate(counts):
             if isinstance(listed, BaseException):
-                continue  # a restarting shard rebuilds from us anyway
-            if listed == mine[i]:
+                # A restarting shard rebuilds from us anyway; one killed for good and started
+                # again is a new actor, which our handle never reaches: take its handle and
+                # list our keys to it now (its rebuild may have run before they existed).
+                if not (isinstance(listed, ActorDiedError) and await asyncio.to_thread(directory.replace_dead, i)):
+                    continue
+            elif listed == mine[i]:
                 suspect.discard(i)
                 continue
-            if i not in suspect:
+            elif i not in suspect:
                 suspect.add(i)
                 continue
             # Snapshot and send with no await in between: later register /
             # unregister calls of ours reach the shard after this listing.
             info, keys = self.raykv_holdings()
             part = _keys_of_shard(keys, i, n)
-            ref = directory.shards[i].sync_holder.remote(info, me, to_blob(fingerprints(part)))
+            listing = to_blob(fingerprints(part))
+            ref: ray.ObjectRef[tuple[int, int]] = directory.shards[i].sync_holder.remote(info, me, listing)
             suspect.discard(i)
             await ref
             repaired += 1
@@ -233,7 +239,7 @@ class HolderActor(WatchableActor):
         shards = [
             ray.get_actor(naming.directory_shard(i), namespace=self.namespace) for i in range(config.directory_shards)
         ]
-        self._directory = DirectoryClient(shards)
+        self._directory = DirectoryClient(shards, self.namespace)
         self._writes = self._directory
         if getattr(config, "directory_agent", False):
             node_id = ray.get_runtime_context().get_node_id()

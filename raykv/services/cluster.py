@@ -188,7 +188,7 @@ class RaykvServices:
         self.config = config
         self.namespace = config.namespace
         self.control = control
-        self.directory = DirectoryClient(shards)
+        self.directory = DirectoryClient(shards, self.namespace)
         self._lookup_cache: LookupCache | None = None
         self._policy: PolicyCache | None = None
         self._identities_sent: set[bytes] = set()
@@ -364,9 +364,9 @@ class RaykvServices:
             ray.wait(closes, num_returns=len(closes), timeout=10)
         for agent in agents:
             ray.kill(agent)
+        ray.kill(self.control)  # first: it starts again any shard it finds gone
         for shard in self.directory.shards:
             ray.kill(shard)
-        ray.kill(self.control)
         kill_named_actors(self.namespace)  # any the registry did not list (a tier actor that never registered)
         if self._policy is not None:
             self._policy.close()
@@ -386,7 +386,8 @@ def _named_actors(namespace: str) -> list[str]:
 def kill_named_actors(namespace: str) -> list[str]:
     """Kill raykv's named actors still alive in ``namespace``; their names."""
     killed = []
-    for name in _named_actors(namespace):
+    # The control actor first: it starts again any directory shard it finds gone.
+    for name in sorted(_named_actors(namespace), key=lambda n: n != naming.CONTROL_ACTOR):
         actor = _get_actor(name, namespace)
         if actor is not None:
             ray.kill(actor)

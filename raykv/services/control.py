@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections import Counter
 
 import ray
@@ -20,9 +21,12 @@ from ray.actor import ActorHandle
 from raykv.config.options import RaykvConfig
 from raykv.core.identity import KVIdentity
 from raykv.core.wire import HolderInfo
+from raykv.directory.replaced import SHARD_CHECK_S, start_missing_shards
 from raykv.metrics import status_log
 from raykv.policy import PolicyRule
 from raykv.services.messages import ControlStats
+
+logger = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1)
@@ -46,6 +50,7 @@ class ControlActor:
         if self._rules:
             self._version = 1
         self._status_log = status_log.spawn(self.status_line, interval_s=float(config.status_log_s))
+        self._shard_keeper = asyncio.get_running_loop().create_task(self._keep_shards())
 
     def __repr__(self) -> str:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
@@ -60,6 +65,18 @@ class ControlActor:
         holders = ", ".join(sorted(self._holders)) or "none"
         calls = ", ".join(f"{k} {v}" for k, v in sorted(self.calls.items()))
         return f"control: holders [{holders}]; rules {len(self._rules)} v{self._version}; calls: {calls}"
+
+    async def _keep_shards(self) -> None:
+        """Start again any directory shard killed for good (``raykv.directory.replaced``)."""
+        config = self._config
+        while True:
+            await asyncio.sleep(SHARD_CHECK_S)
+            try:
+                started = await asyncio.to_thread(start_missing_shards, config.namespace, config.directory_shards)
+            except Exception as e:  # the GCS busy or restarting: the next round tries again
+                logger.debug("shard check failed: %r", e)
+                continue
+            self.calls["shards_started"] += len(started)
 
     async def config(self) -> RaykvConfig:
         self.calls["config"] += 1

@@ -1,0 +1,88 @@
+"""Directory shards that were killed for good and started again under their names.
+
+Ray restarts a crashed shard in place (``max_restarts=-1``): callers keep their
+handles. A shard killed without restart (``ray.kill``'s default, ``no_restart=True``)
+is gone; the control actor starts it again (``start_missing_shards``),
+or the next ``raykv start`` / engine attach does, and that is a new actor with the
+same name. A caller that kept the old handle would call a dead actor forever: its
+registrations lost, its lookups of that shard's keys missing. Callers that see
+``ActorDiedError`` from a shard ask ``replacement`` for the actor named for it now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, cast
+
+import ray
+from ray.actor import ActorHandle
+from ray.exceptions import ActorDiedError
+
+from raykv.core import naming
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between the control actor's checks that every shard is alive.
+SHARD_CHECK_S = 2.0
+#: Least seconds between two lookups of one shard's successor by one caller.
+HEAL_EVERY_S = 1.0
+
+
+def live_shard(namespace: str, index: int) -> ActorHandle | None:
+    """The actor named for shard ``index`` now (None: no live actor has the name)."""
+    try:
+        return ray.get_actor(naming.directory_shard(index), namespace=namespace)
+    except ValueError:
+        return None
+
+
+def replacement(namespace: str, index: int, handle: ActorHandle) -> ActorHandle | None:
+    """The actor named for shard ``index`` when it is not ``handle`` (None: the same actor,
+    restarting in place, or none started yet). A blocking GCS lookup: call it off the event loop."""
+    live = live_shard(namespace, index)
+    return None if live is None or live == handle else live
+
+
+async def take_replacement(
+    shards: list[ActorHandle], namespace: str, index: int, error: BaseException, counts: Counter[str]
+) -> None:
+    """After ``error`` from ``shards[index]``: if it is ``ActorDiedError``, put the actor named
+    for that shard now in its place when it is another one (looked up off the event loop),
+    counting it in ``counts["shards_replaced"]``."""
+    if not isinstance(error, ActorDiedError):
+        return
+    new = await asyncio.to_thread(replacement, namespace, index, shards[index])
+    if new is None:
+        return
+    shards[index] = new
+    counts["shards_replaced"] += 1
+    logger.info("directory shard %d was started again as a new actor: calling it from now on", index)
+
+
+def start_missing_shards(namespace: str, num_shards: int) -> list[int]:
+    """Start every shard of ``namespace`` that has no live actor; their indices. A started
+    shard rebuilds its entries from the holders (``DirectoryShard``), as after a crash."""
+    from raykv.directory.shard import DirectoryShard
+
+    started = []
+    for i in range(num_shards):
+        if live_shard(namespace, i) is not None:
+            continue
+        remote_cls = cast("ActorClass[object]", DirectoryShard)  # what @ray.remote made it
+        remote_cls.options(
+            name=naming.directory_shard(i), namespace=namespace, lifetime="detached", get_if_exists=True
+        ).remote(i, num_shards, namespace)
+        started.append(i)
+    if started:
+        logger.warning(
+            "directory shard(s) %s of namespace %r were gone (killed without restart): started them again; "
+            "their entries come back from the holders",
+            started,
+            namespace,
+        )
+    return started

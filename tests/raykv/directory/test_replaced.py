@@ -1,0 +1,77 @@
+"""A directory shard killed for good (``ray.kill``'s default, ``no_restart=True``):
+the control actor starts it again, and holders, agents and engine-side
+clients that kept the dead actor's handle move to the new one, on a real local Ray."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+import raykv
+from raykv.core.contract import LookupResult
+from raykv.core.factory import TierFactory
+from raykv.core.identity import scoped_keys
+from raykv.core.keys import prefix_keys, shard_of
+from raykv.directory.client import DirectoryClient
+from raykv.directory.replaced import live_shard
+from raykv.engine.primary import PrimaryRegion
+from raykv.engine.tier_driver import TierDriver
+from tests.waiting import wait_until
+
+BLOCKS = 8
+
+
+def _keys(salt: str) -> list[bytes]:
+    keys = prefix_keys(list(range(16 * BLOCKS)), 16, salt=salt)
+    # Both shards own some of them, or the test would not reach the replaced one.
+    assert {shard_of(k, 2) for k in scoped_keys(keys)} == {0, 1}, salt
+    return keys
+
+
+def _successor(namespace: str, old: ray.actor.ActorHandle) -> ray.actor.ActorHandle | None:
+    new = live_shard(namespace, 1)
+    return new if new is not None and new != old and ray.get(new.ping.remote(), timeout=10) else None
+
+
+@pytest.mark.parametrize("agent", [True, False], ids=["through the agent", "straight to the shards"])
+def test_a_shard_killed_for_good_is_started_again_and_every_caller_finds_it(ray_local, agent) -> None:
+    namespace = f"raykv-replaced-{'agent' if agent else 'direct'}"
+    services = raykv.start(
+        {"namespace": namespace, "directory_shards": 2, "holder_reconcile_s": 0.5, "directory_agent": agent}
+    )
+    try:
+        with PrimaryRegion(2 * BLOCKS, 4096) as region:
+            tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+            before, after = _keys("stored before the kill"), _keys("stored after it")
+            assert TierDriver(tier).store(before, list(range(BLOCKS))).success
+
+            old = live_shard(namespace, 1)
+            assert old is not None
+            ray.kill(old, no_restart=True)
+            wait_until(
+                lambda: _successor(namespace, old),
+                timeout_s=30.0,
+                interval_s=0.2,
+                ignore=(ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError),
+                what="the control actor to start shard 1 again",
+            )
+            # The tier actor, its agent (if any) and this process's client still hold the dead handle.
+            assert TierDriver(tier).store(after, list(range(BLOCKS, 2 * BLOCKS))).success
+
+            shards = [live_shard(namespace, i) for i in range(2)]
+            fresh = DirectoryClient([s for s in shards if s is not None])
+            wait_until(
+                lambda: all(fresh.lookup(scoped_keys(before + after))),
+                timeout_s=30.0,
+                interval_s=0.2,
+                what="every key, stored before the kill and after it, listed by the shards now running",
+            )
+            wait_until(
+                lambda: tier.lookup_blocking(before + after) == [LookupResult.HIT] * (2 * BLOCKS),
+                timeout_s=30.0,
+                interval_s=0.2,
+                what="the client that kept the dead shard's handle to find every key",
+            )
+    finally:
+        services.shutdown()
+    assert live_shard(namespace, 1) is None, "stop leaves no shard behind (the control actor goes first)"
