@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import ray
@@ -64,6 +66,16 @@ def fingerprints_and_shards(
     if ids is None:  # a small batch, or keys shorter than 12 bytes
         ids = np.fromiter((shard_of(k, num_shards) for k in keys), dtype=np.int64, count=len(keys))
     return fps, ids
+
+
+def _on_end(told: Callable[[BaseException | None], None]) -> Callable[[concurrent.futures.Future[Any]], None]:
+    """A done-callback for a call's future that tells ``told`` its error (None: it succeeded)."""
+
+    def callback(future: concurrent.futures.Future[Any]) -> None:
+        if not future.cancelled():
+            told(future.exception())
+
+    return callback
 
 
 class PendingLookup:
@@ -223,7 +235,7 @@ class DirectoryClient:
         index = int(shards[0])
         ref: ray.ObjectRef[int] = self.shards[index].claim.remote(holder_id, to_blob(fps))
         if self.namespace is not None:
-            ref.future().add_done_callback(lambda f: f.cancelled() or self._heal_after(f.exception(), [index]))
+            ref.future().add_done_callback(_on_end(lambda e: self._heal_after(e, [index])))
         return ref
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
@@ -282,9 +294,43 @@ class AgentClient:
     engine's lookups and a holder's registrations, one call each, merged there
     with the node's other calls into one call per shard per window."""
 
-    def __init__(self, agent: ActorHandle, num_shards: int) -> None:
+    def __init__(self, agent: ActorHandle, num_shards: int, restart: Callable[[], ActorHandle] | None = None) -> None:
         self.agent = agent
         self.num_shards = num_shards
+        #: Returns the node's agent, starting it when missing (``start_agent``); None: never.
+        self._restart = restart
+        self._healing_lock = threading.Lock()
+        self._next_heal = 0.0  # monotonic: no new look for a successor before
+
+    def _heal_after(self, error: BaseException | None) -> None:
+        """A call to the agent ended with ``error``: if the agent is dead for good (killed
+        without restart), have it started again and call the new one, on a thread of its
+        own (at most once a second). Meanwhile calls fail: lookups miss, and a holder's
+        registrations come back with its reconcile round."""
+        if self._restart is None or not isinstance(error, ActorDiedError):
+            return
+        now = time.monotonic()
+        with self._healing_lock:
+            if now < self._next_heal:
+                return
+            self._next_heal = now + HEAL_EVERY_S
+        threading.Thread(target=self._take_successor, name="raykv-agent-heal", daemon=True).start()
+
+    def _take_successor(self) -> None:
+        assert self._restart is not None
+        try:
+            new = self._restart()
+        except Exception as e:  # the GCS unreachable, or the node going: the next error tries again
+            logger.debug("raykv: the node's directory agent could not be started again: %r", e)
+            return
+        if new != self.agent:
+            self.agent = new
+            logger.info("raykv: the node's directory agent was started again as a new actor: calling it now")
+
+    def _watched(self, ref: ray.ObjectRef[int]) -> list[ray.ObjectRef[int]]:
+        if self._restart is not None:
+            ref.future().add_done_callback(_on_end(self._heal_after))
+        return [ref]
 
     def _blobs(self, keys: Sequence[bytes]) -> tuple[list[bytes], bytes, bytes]:
         listed, length = bytes_and_length(keys)
@@ -294,17 +340,17 @@ class AgentClient:
     def register(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         """A holder of this node now holds ``keys`` (merged into the agent's next window)."""
         _, fps, shards = self._blobs(keys)
-        return [self.agent.register.remote(holder_id, fps, shards)]
+        return self._watched(self.agent.register.remote(holder_id, fps, shards))
 
     def unregister(self, holder_id: str, keys: Sequence[bytes]) -> list[ray.ObjectRef[int]]:
         _, fps, shards = self._blobs(keys)
-        return [self.agent.unregister.remote(holder_id, fps, shards)]
+        return self._watched(self.agent.unregister.remote(holder_id, fps, shards))
 
     def lookup_async(self, keys: Sequence[bytes]) -> PendingLookup:
         listed, length = bytes_and_length(keys)
         fps, shards = fingerprints_and_shards(listed, length, self.num_shards)
         ref: ray.ObjectRef[LookupReply] = self.agent.lookup.remote(to_blob(fps), shards.astype("<u2").tobytes())
-        return PendingLookup(listed, [(np.arange(len(listed)), ref)])
+        return PendingLookup(listed, [(np.arange(len(listed)), ref)], self._heal_after)
 
 
 def _take_oldest(queued: dict[bytes, None], n: int) -> list[bytes]:

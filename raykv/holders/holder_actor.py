@@ -243,15 +243,16 @@ class HolderActor(WatchableActor):
         self._writes = self._directory
         if getattr(config, "directory_agent", False):
             node_id = ray.get_runtime_context().get_node_id()
-            agent = start_agent(
+            agent = functools.partial(
+                start_agent,
                 self.namespace,
                 node_id,
-                shards,
+                self._directory.shards,
                 config.agent_window_ms,
                 config.agent_view_keys,
                 all_keys=config.agent_view_all_keys,
             )
-            self._writes = AgentClient(agent, len(shards))
+            self._writes = AgentClient(agent(), len(shards), restart=agent)
         self._control = control
         self._reconciler = self.start_reconciling(self._directory, float(config.holder_reconcile_s))
         me = ray.get_runtime_context().current_actor

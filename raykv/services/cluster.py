@@ -204,7 +204,7 @@ class RaykvServices:
             client: DirectoryClient | AgentClient = self.directory
             view = None
             if getattr(config, "directory_agent", False):
-                client = AgentClient(self.directory_agent(), self.directory.num_shards)
+                client = AgentClient(self.directory_agent(), self.directory.num_shards, restart=self.directory_agent)
                 view = ViewReader(view_path(self.namespace, self.node_id()))
             self._lookup_cache = LookupCache(
                 client, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries, view=view

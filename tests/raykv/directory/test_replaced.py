@@ -33,6 +33,12 @@ def _successor(namespace: str, old: ray.actor.ActorHandle) -> ray.actor.ActorHan
     return new if new is not None and new != old and ray.get(new.ping.remote(), timeout=10) else None
 
 
+def _all_listed(services: raykv.RaykvServices, keys: list[bytes]) -> bool:
+    """Whether this process's engine-side directory client (``LookupCache.client``) lists
+    a holder for every key: a call of its own, not the tier's memory of its stores."""
+    return all(services.lookup_cache.client.lookup_async(scoped_keys(keys)).result(timeout=5.0))
+
+
 @pytest.mark.parametrize("agent", [True, False], ids=["through the agent", "straight to the shards"])
 def test_a_shard_killed_for_good_is_started_again_and_every_caller_finds_it(ray_local, agent) -> None:
     namespace = f"raykv-replaced-{'agent' if agent else 'direct'}"
@@ -66,12 +72,60 @@ def test_a_shard_killed_for_good_is_started_again_and_every_caller_finds_it(ray_
                 interval_s=0.2,
                 what="every key, stored before the kill and after it, listed by the shards now running",
             )
+            # This process's engine-side client (the node agent's, or the shards') kept the dead
+            # handle too; the tier's own lookups would answer from what it stored itself.
             wait_until(
-                lambda: tier.lookup_blocking(before + after) == [LookupResult.HIT] * (2 * BLOCKS),
+                lambda: _all_listed(services, before + after),
                 timeout_s=30.0,
                 interval_s=0.2,
+                ignore=(ray.exceptions.RayActorError,),
                 what="the client that kept the dead shard's handle to find every key",
             )
     finally:
         services.shutdown()
     assert live_shard(namespace, 1) is None, "stop leaves no shard behind (the control actor goes first)"
+
+
+def test_a_node_agent_killed_for_good_is_started_again_and_its_callers_follow(ray_local) -> None:
+    """The tier actor's registrations and this process's lookups went through the dead
+    agent: their next failure has it started again, and the registrations lost meanwhile
+    come back with the tier actor's reconcile round."""
+    namespace = "raykv-replaced-node-agent"
+    services = raykv.start({"namespace": namespace, "directory_shards": 2, "holder_reconcile_s": 0.5})
+    try:
+        with PrimaryRegion(2 * BLOCKS, 4096) as region:
+            tier = TierFactory.create_tier({"type": "object_store"}, region.view, services=services)
+            before, after = _keys("stored before the kill"), _keys("stored after it")
+            assert TierDriver(tier).store(before, list(range(BLOCKS))).success
+            assert tier.lookup_blocking(before) == [LookupResult.HIT] * BLOCKS
+
+            agents = services.directory_agents()
+            assert len(agents) == 1
+            old = next(iter(agents.values()))
+            ray.kill(old, no_restart=True)
+            wait_until(
+                lambda: old not in services.directory_agents().values(),
+                timeout_s=30.0,
+                interval_s=0.1,
+                what="the killed agent's name to be free",
+            )
+            assert TierDriver(tier).store(after, list(range(BLOCKS, 2 * BLOCKS))).success
+
+            wait_until(
+                lambda: all(services.directory.lookup(scoped_keys(before + after))),
+                timeout_s=30.0,
+                interval_s=0.2,
+                what="every key listed by the shards (the tier actor's lost registrations repaired)",
+            )
+            wait_until(
+                lambda: _all_listed(services, before + after),
+                timeout_s=30.0,
+                interval_s=0.2,
+                ignore=(ray.exceptions.RayActorError,),
+                what="this process's lookups, sent through the dead agent, to find every key again",
+            )
+            assert tier.lookup_blocking(before + after) == [LookupResult.HIT] * (2 * BLOCKS)
+            new = services.directory_agents()
+            assert len(new) == 1 and old not in new.values()
+    finally:
+        services.shutdown()
