@@ -294,10 +294,13 @@ class AgentClient:
     engine's lookups and a holder's registrations, one call each, merged there
     with the node's other calls into one call per shard per window."""
 
-    def __init__(self, agent: ActorHandle, num_shards: int, restart: Callable[[], ActorHandle] | None = None) -> None:
+    def __init__(
+        self, agent: ActorHandle, num_shards: int, restart: Callable[[], ActorHandle | None] | None = None
+    ) -> None:
         self.agent = agent
         self.num_shards = num_shards
-        #: Returns the node's agent, starting it when missing (``start_agent``); None: never.
+        #: Returns the node's agent, starting it when missing (``start_agent``), or None while
+        #: raykv is stopped (``replaced.while_running``); None: never look.
         self._restart = restart
         self._healing_lock = threading.Lock()
         self._next_heal = 0.0  # monotonic: no new look for a successor before
@@ -323,7 +326,7 @@ class AgentClient:
         except Exception as e:  # the GCS unreachable, or the node going: the next error tries again
             logger.debug("raykv: the node's directory agent could not be started again: %r", e)
             return
-        if new != self.agent:
+        if new is not None and new != self.agent:
             self.agent = new
             logger.info("raykv: the node's directory agent was started again as a new actor: calling it now")
 

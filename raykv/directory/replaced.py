@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 import ray
@@ -62,6 +63,21 @@ async def take_replacement(
     shards[index] = new
     counts["shards_replaced"] += 1
     logger.info("directory shard %d was started again as a new actor: calling it from now on", index)
+
+
+def while_running(namespace: str, start: Callable[[], ActorHandle]) -> Callable[[], ActorHandle | None]:
+    """``start`` (``start_agent`` with its arguments), only while raykv's control actor lives in
+    ``namespace`` (None after ``raykv stop``: a caller's failed call must not start an agent
+    behind it; engines attach again once raykv is started)."""
+
+    def restart() -> ActorHandle | None:
+        try:
+            ray.get_actor(naming.CONTROL_ACTOR, namespace=namespace)
+        except ValueError:
+            return None
+        return start()
+
+    return restart
 
 
 def start_missing_shards(namespace: str, num_shards: int) -> list[int]:

@@ -45,6 +45,7 @@ from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
 from raykv.directory.agent import start_agent
 from raykv.directory.client import AgentClient, DirectoryClient, shard_ids
 from raykv.directory.fingerprint import fingerprints, to_blob
+from raykv.directory.replaced import while_running
 from raykv.holders.events import HoldingsLog
 from raykv.holders.messages import HolderStats
 from raykv.metrics import status_log
@@ -252,7 +253,7 @@ class HolderActor(WatchableActor):
                 config.agent_view_keys,
                 all_keys=config.agent_view_all_keys,
             )
-            self._writes = AgentClient(agent(), len(shards), restart=agent)
+            self._writes = AgentClient(agent(), len(shards), restart=while_running(self.namespace, agent))
         self._control = control
         self._reconciler = self.start_reconciling(self._directory, float(config.holder_reconcile_s))
         me = ray.get_runtime_context().current_actor

@@ -29,6 +29,7 @@ from raykv.core.validate import ArgumentError, ConfigError
 from raykv.core.wire import HolderInfo, Report
 from raykv.directory.agent import start_agent
 from raykv.directory.client import AgentClient, DirectoryClient, LookupCache
+from raykv.directory.replaced import while_running
 from raykv.directory.shard import DirectoryShard
 from raykv.directory.shm_view import ViewReader, view_path
 from raykv.policy import PolicyCache, PolicyRule, check_rule_tier
@@ -204,7 +205,8 @@ class RaykvServices:
             client: DirectoryClient | AgentClient = self.directory
             view = None
             if getattr(config, "directory_agent", False):
-                client = AgentClient(self.directory_agent(), self.directory.num_shards, restart=self.directory_agent)
+                restart = while_running(self.namespace, self.directory_agent)
+                client = AgentClient(self.directory_agent(), self.directory.num_shards, restart=restart)
                 view = ViewReader(view_path(self.namespace, self.node_id()))
             self._lookup_cache = LookupCache(
                 client, ttl_s=config.lookup_ttl_s, max_entries=config.lookup_cache_entries, view=view
@@ -356,6 +358,8 @@ class RaykvServices:
             actor = _get_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
+        # Then the control actor: while it lives, callers start a missing shard or agent again.
+        ray.kill(self.control)
         # Every agent removes its view at once: one 10 s bound for all nodes, not 10 s per node
         # (a dead agent's call fails at once; its view files go with `raykv stop`'s cleanup).
         agents = list(self.directory_agents().values())
@@ -364,7 +368,6 @@ class RaykvServices:
             ray.wait(closes, num_returns=len(closes), timeout=10)
         for agent in agents:
             ray.kill(agent)
-        ray.kill(self.control)  # first: it starts again any shard it finds gone
         for shard in self.directory.shards:
             ray.kill(shard)
         kill_named_actors(self.namespace)  # any the registry did not list (a tier actor that never registered)

@@ -4,6 +4,8 @@ clients that kept the dead actor's handle move to the new one, on a real local R
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -13,7 +15,7 @@ from raykv.core.factory import TierFactory
 from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys, shard_of
 from raykv.directory.client import DirectoryClient
-from raykv.directory.replaced import live_shard
+from raykv.directory.replaced import HEAL_EVERY_S, live_shard
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from tests.waiting import wait_until
@@ -129,3 +131,9 @@ def test_a_node_agent_killed_for_good_is_started_again_and_its_callers_follow(ra
             assert len(new) == 1 and old not in new.values()
     finally:
         services.shutdown()
+    # After `raykv stop` a failed call through the agent must not start one behind it.
+    time.sleep(HEAL_EVERY_S)  # past the wait after the heal above: the next failure may act (under test)
+    with pytest.raises(ray.exceptions.RayActorError):
+        _all_listed(services, before)
+    time.sleep(2 * HEAL_EVERY_S)  # the time a heal thread would take to start an agent: under test
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == namespace]
