@@ -314,7 +314,7 @@ def load_seconds(config: ModelConfig, tokens: int, block_size: int, device: str,
 def _sources(nbytes: int, device: str) -> Iterator[tuple[str, "torch.Tensor"]]:
     import torch
 
-    with _primary_region(nbytes) as region:
+    with PrimaryRegion(1, nbytes) as region:
         yield "shm", torch.from_numpy(region.array.reshape(-1))
         if device == "cuda":
             with _host_registered(region):
@@ -322,15 +322,6 @@ def _sources(nbytes: int, device: str) -> Iterator[tuple[str, "torch.Tensor"]]:
     if device == "cuda":
         yield "pinned", torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         yield "pageable", torch.empty(nbytes, dtype=torch.uint8)
-
-
-@contextmanager
-def _primary_region(nbytes: int) -> Iterator[PrimaryRegion]:
-    region = PrimaryRegion(1, nbytes)
-    try:
-        yield region
-    finally:
-        region.close()
 
 
 @contextmanager

@@ -32,7 +32,7 @@ from raykv.core.wire import HolderInfo, LookupReply
 from raykv.directory.answers import AnswerStore
 from raykv.directory.fingerprint import SMALL_BATCH, PackedKeys, fingerprints, packed_fingerprints, to_blob
 from raykv.directory.messages import ShardStats
-from raykv.directory.replaced import HEAL_EVERY_S, replacement
+from raykv.directory.replaced import HEAL_EVERY_S, replace_in
 from raykv.directory.round_trips import RoundTrips
 from raykv.directory.shm_view import ViewReader
 from raykv.directory.view_overlay import ViewOverlay
@@ -184,13 +184,7 @@ class DirectoryClient:
     def replace_dead(self, index: int) -> bool:
         """After ``ActorDiedError`` from shard ``index``: call the actor named for it now, if that
         is another one (``raykv.directory.replaced``). Blocking: call it off an event loop."""
-        if self.namespace is None:
-            return False
-        new = replacement(self.namespace, index, self.shards[index])
-        if new is None:
-            return False
-        self.shards[index] = new
-        return True
+        return self.namespace is not None and replace_in(self.shards, self.namespace, index)
 
     @property
     def num_shards(self) -> int:

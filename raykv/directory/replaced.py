@@ -6,7 +6,7 @@ is gone; the control actor starts it again (``start_missing_shards``),
 or the next ``raykv start`` / engine attach does, and that is a new actor with the
 same name. A caller that kept the old handle would call a dead actor forever: its
 registrations lost, its lookups of that shard's keys missing. Callers that see
-``ActorDiedError`` from a shard ask ``replacement`` for the actor named for it now.
+``ActorDiedError`` from a shard put the actor named for it now in its place (``replace_in``).
 """
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
 
-import ray
 from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError
 
 from raykv.core import naming
-
-if TYPE_CHECKING:
-    from ray.actor import ActorClass
+from raykv.core.named import find_actor, named_actor
 
 logger = logging.getLogger(__name__)
 
@@ -36,33 +32,28 @@ HEAL_EVERY_S = 1.0
 
 def live_shard(namespace: str, index: int) -> ActorHandle | None:
     """The actor named for shard ``index`` now (None: no live actor has the name)."""
-    try:
-        return ray.get_actor(naming.directory_shard(index), namespace=namespace)
-    except ValueError:
-        return None
+    return find_actor(naming.directory_shard(index), namespace)
 
 
-def replacement(namespace: str, index: int, handle: ActorHandle) -> ActorHandle | None:
-    """The actor named for shard ``index`` when it is not ``handle`` (None: the same actor,
-    restarting in place, or none started yet). A blocking GCS lookup: call it off the event loop."""
+def replace_in(shards: list[ActorHandle], namespace: str, index: int) -> bool:
+    """Put the actor named for shard ``index`` now in ``shards[index]`` when it is another one
+    than that handle (not when the same actor is restarting in place, or none is started yet);
+    whether it did. A blocking GCS lookup: call it off the event loop."""
     live = live_shard(namespace, index)
-    return None if live is None or live == handle else live
+    if live is None or live == shards[index]:
+        return False
+    shards[index] = live
+    return True
 
 
 async def take_replacement(
     shards: list[ActorHandle], namespace: str, index: int, error: BaseException, counts: Counter[str]
 ) -> None:
-    """After ``error`` from ``shards[index]``: if it is ``ActorDiedError``, put the actor named
-    for that shard now in its place when it is another one (looked up off the event loop),
-    counting it in ``counts["shards_replaced"]``."""
-    if not isinstance(error, ActorDiedError):
-        return
-    new = await asyncio.to_thread(replacement, namespace, index, shards[index])
-    if new is None:
-        return
-    shards[index] = new
-    counts["shards_replaced"] += 1
-    logger.info("directory shard %d was started again as a new actor: calling it from now on", index)
+    """After ``error`` from ``shards[index]``: if it is ``ActorDiedError``, ``replace_in`` (off
+    the event loop), counting a replacement in ``counts["shards_replaced"]``."""
+    if isinstance(error, ActorDiedError) and await asyncio.to_thread(replace_in, shards, namespace, index):
+        counts["shards_replaced"] += 1
+        logger.info("directory shard %d was started again as a new actor: calling it from now on", index)
 
 
 def while_running(namespace: str, start: Callable[[], ActorHandle]) -> Callable[[], ActorHandle | None]:
@@ -71,11 +62,7 @@ def while_running(namespace: str, start: Callable[[], ActorHandle]) -> Callable[
     behind it; engines attach again once raykv is started)."""
 
     def restart() -> ActorHandle | None:
-        try:
-            ray.get_actor(naming.CONTROL_ACTOR, namespace=namespace)
-        except ValueError:
-            return None
-        return start()
+        return None if find_actor(naming.CONTROL_ACTOR, namespace) is None else start()
 
     return restart
 
@@ -89,10 +76,7 @@ def start_missing_shards(namespace: str, num_shards: int) -> list[int]:
     for i in range(num_shards):
         if live_shard(namespace, i) is not None:
             continue
-        remote_cls = cast("ActorClass[object]", DirectoryShard)  # what @ray.remote made it
-        remote_cls.options(
-            name=naming.directory_shard(i), namespace=namespace, lifetime="detached", get_if_exists=True
-        ).remote(i, num_shards, namespace)
+        named_actor(DirectoryShard, naming.directory_shard(i), namespace, i, num_shards, namespace)
         started.append(i)
     if started:
         logger.warning(

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
 import ray
-from ray.actor import ActorClass, ActorHandle
+from ray.actor import ActorHandle
 
 from raykv.config.options import RaykvConfig
 from raykv.core import naming
 from raykv.core.errors import RaykvError
 from raykv.core.fields import check_ray_address
 from raykv.core.identity import KVIdentity
+from raykv.core.named import find_actor, named_actor
 from raykv.core.node import process_node_id
 from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
@@ -127,20 +128,6 @@ def _session_key(namespace: str) -> tuple[str, str]:
     return namespace, ray.get_runtime_context().gcs_address
 
 
-def _get_actor(name: str, namespace: str) -> ActorHandle | None:
-    try:
-        return ray.get_actor(name, namespace=namespace)
-    except ValueError:
-        return None
-
-
-def _named(cls: type, name: str, namespace: str, *args: object) -> ActorHandle:
-    remote_cls = cast("ActorClass[object]", cls)  # what @ray.remote made it (mypy ignores class decorators)
-    handle = remote_cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
-    assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class itself
-    return handle
-
-
 _T = TypeVar("_T")
 
 
@@ -229,7 +216,7 @@ class RaykvServices:
         agents = {}
         for name in _named_actors(self.namespace):
             if name.startswith(naming.DIRECTORY_AGENT_PREFIX):
-                handle = _get_actor(name, self.namespace)
+                handle = find_actor(name, self.namespace)
                 if handle is not None:
                     agents[name[len(naming.DIRECTORY_AGENT_PREFIX) :]] = handle
         return agents
@@ -242,7 +229,7 @@ class RaykvServices:
             self._policy = PolicyCache(
                 self.control,
                 self.config.policy_refresh_s,
-                find_control=lambda: _get_actor(naming.CONTROL_ACTOR, namespace),
+                find_control=lambda: find_actor(naming.CONTROL_ACTOR, namespace),
             )
         return self._policy
 
@@ -355,7 +342,7 @@ class RaykvServices:
         """Kill every raykv actor of this namespace (their blocks go with them)."""
         holders = self.holders()
         for info in holders:
-            actor = _get_actor(info.actor_name, self.namespace)
+            actor = find_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
         # Then the control actor: while it lives, callers start a missing shard or agent again.
@@ -391,7 +378,7 @@ def kill_named_actors(namespace: str) -> list[str]:
     killed = []
     # The control actor first: it starts again any directory shard it finds gone.
     for name in sorted(_named_actors(namespace), key=lambda n: n != naming.CONTROL_ACTOR):
-        actor = _get_actor(name, namespace)
+        actor = find_actor(name, namespace)
         if actor is not None:
             ray.kill(actor)
             killed.append(name)
@@ -417,7 +404,7 @@ def stop(namespace: str = naming.DEFAULT_NAMESPACE, *, address: str | None = Non
     if problem:
         raise ArgumentError("namespace", problem)
     ensure_ray(address)
-    if _get_actor(naming.CONTROL_ACTOR, namespace) is None:
+    if find_actor(naming.CONTROL_ACTOR, namespace) is None:
         return Stopped(namespace, False, tuple(kill_named_actors(namespace)))
     attach(namespace).shutdown()
     return Stopped(namespace, True)
@@ -438,7 +425,7 @@ def invalidate_identities(services: RaykvServices, model: str, revision: str | N
     if tags:
         calls: dict[str, ray.ObjectRef[int]] = {}
         for info in services.holders():
-            actor = _get_actor(info.actor_name, services.namespace)
+            actor = find_actor(info.actor_name, services.namespace)
             if actor is not None:
                 calls[info.holder_id] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
         for holder_id, ref in calls.items():
@@ -458,7 +445,7 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     ensure_ray(address)
     ns = config.namespace
-    control = _named(ControlActor, naming.CONTROL_ACTOR, ns, config)
+    control = named_actor(ControlActor, naming.CONTROL_ACTOR, ns, config)
     running_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
     running = ray.get(running_ref)
     differences = _config_differences(running, config)
@@ -470,7 +457,7 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
             "; ".join(differences),
         )
     shards = [
-        _named(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
+        named_actor(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
         for i in range(running.directory_shards)
     ]
     ray.get([s.ping.remote() for s in shards])
@@ -520,7 +507,7 @@ def attach(
     with _lock:
         if key in _attached:
             return _attached[key]
-    control = _get_actor(naming.CONTROL_ACTOR, namespace)
+    control = find_actor(naming.CONTROL_ACTOR, namespace)
     if control is None:
         if start_if_missing:
             # A mistyped namespace lands here too: say so, where the engine's log shows it.
@@ -538,9 +525,11 @@ def attach(
     config = ray.get(config_ref)
     shards = []
     for i in range(config.directory_shards):
-        shard = _get_actor(naming.directory_shard(i), namespace)
+        shard = find_actor(naming.directory_shard(i), namespace)
         if shard is None:
-            shard = _named(DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards, namespace)
+            shard = named_actor(
+                DirectoryShard, naming.directory_shard(i), namespace, i, config.directory_shards, namespace
+            )
         shards.append(shard)
     services = RaykvServices(config, control, shards)
     with _lock:

@@ -41,6 +41,25 @@ def _all_listed(services: raykv.RaykvServices, keys: list[bytes]) -> bool:
     return all(services.lookup_cache.client.lookup_async(scoped_keys(keys)).result(timeout=5.0))
 
 
+def _wait_until_found(shards: DirectoryClient, services: raykv.RaykvServices, keys: list[bytes], case: str) -> None:
+    """Every key listed by the shards now running (lost registrations repaired), then found by
+    this process's engine-side client (the node agent's, or the shards'), which kept the dead
+    actor's handle: the tier's own lookups would answer from what it stored itself."""
+    wait_until(
+        lambda: all(shards.lookup(scoped_keys(keys))),
+        timeout_s=30.0,
+        interval_s=0.2,
+        what=f"every key, stored before the kill and after it, listed by the shards now running ({case})",
+    )
+    wait_until(
+        lambda: _all_listed(services, keys),
+        timeout_s=30.0,
+        interval_s=0.2,
+        ignore=(ray.exceptions.RayActorError,),
+        what=f"the client that kept the dead actor's handle to find every key ({case})",
+    )
+
+
 @pytest.mark.parametrize("agent", [True, False], ids=["through the agent", "straight to the shards"])
 def test_a_shard_killed_for_good_is_started_again_and_every_caller_finds_it(ray_local, agent) -> None:
     namespace = f"raykv-replaced-{'agent' if agent else 'direct'}"
@@ -68,21 +87,7 @@ def test_a_shard_killed_for_good_is_started_again_and_every_caller_finds_it(ray_
 
             shards = [live_shard(namespace, i) for i in range(2)]
             fresh = DirectoryClient([s for s in shards if s is not None])
-            wait_until(
-                lambda: all(fresh.lookup(scoped_keys(before + after))),
-                timeout_s=30.0,
-                interval_s=0.2,
-                what="every key, stored before the kill and after it, listed by the shards now running",
-            )
-            # This process's engine-side client (the node agent's, or the shards') kept the dead
-            # handle too; the tier's own lookups would answer from what it stored itself.
-            wait_until(
-                lambda: _all_listed(services, before + after),
-                timeout_s=30.0,
-                interval_s=0.2,
-                ignore=(ray.exceptions.RayActorError,),
-                what="the client that kept the dead shard's handle to find every key",
-            )
+            _wait_until_found(fresh, services, before + after, "a shard replaced")
     finally:
         services.shutdown()
     assert live_shard(namespace, 1) is None, "stop leaves no shard behind (the control actor goes first)"
@@ -113,19 +118,7 @@ def test_a_node_agent_killed_for_good_is_started_again_and_its_callers_follow(ra
             )
             assert TierDriver(tier).store(after, list(range(BLOCKS, 2 * BLOCKS))).success
 
-            wait_until(
-                lambda: all(services.directory.lookup(scoped_keys(before + after))),
-                timeout_s=30.0,
-                interval_s=0.2,
-                what="every key listed by the shards (the tier actor's lost registrations repaired)",
-            )
-            wait_until(
-                lambda: _all_listed(services, before + after),
-                timeout_s=30.0,
-                interval_s=0.2,
-                ignore=(ray.exceptions.RayActorError,),
-                what="this process's lookups, sent through the dead agent, to find every key again",
-            )
+            _wait_until_found(services.directory, services, before + after, "a node agent replaced")
             assert tier.lookup_blocking(before + after) == [LookupResult.HIT] * (2 * BLOCKS)
             new = services.directory_agents()
             assert len(new) == 1 and old not in new.values()

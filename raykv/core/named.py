@@ -1,0 +1,27 @@
+"""raykv's named, detached actors: found by name, or started under it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
+import ray
+from ray.actor import ActorHandle
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
+
+
+def find_actor(name: str, namespace: str) -> ActorHandle | None:
+    """The live actor named ``name`` in ``namespace`` (None: no live actor has the name)."""
+    try:
+        return ray.get_actor(name, namespace=namespace)
+    except ValueError:
+        return None
+
+
+def named_actor(cls: type, name: str, namespace: str, *args: object) -> ActorHandle:
+    """The detached actor ``name`` of ``namespace``, started from ``cls(*args)`` when missing."""
+    remote_cls = cast("ActorClass[object]", cls)  # what @ray.remote made it (mypy ignores class decorators)
+    handle = remote_cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
+    assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class itself
+    return handle
