@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, cast
 import ray
 from ray.actor import ActorHandle
 
+from raykv.core import naming
+
 if TYPE_CHECKING:
     from ray.actor import ActorClass
 
@@ -25,3 +27,14 @@ def named_actor(cls: type, name: str, namespace: str, *args: object) -> ActorHan
     handle = remote_cls.options(name=name, namespace=namespace, lifetime="detached", get_if_exists=True).remote(*args)
     assert isinstance(handle, ActorHandle)  # Ray's stubs also allow the class itself
     return handle
+
+
+def killed_for_good(actor: object, name: str, namespace: str) -> bool:
+    """Whether ``actor``, once named ``name``, was killed for good while raykv runs in
+    ``namespace``: no live actor has the name now, or another one does. Not after ``raykv
+    stop`` (its control actor is gone; engines attach again once raykv is started), and not
+    while Ray restarts ``actor`` in place (the name still resolves to it). Blocking GCS
+    lookups: call it off the scheduler thread."""
+    if find_actor(naming.CONTROL_ACTOR, namespace) is None:
+        return False
+    return find_actor(name, namespace) != actor

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import cast
 
 import ray
+from ray.exceptions import ActorDiedError
 
 from raykv.core.contract import TierEvent
 from raykv.core.handles import HolderHandle, WatchableHandle
 from raykv.core.keys import OffloadKey
+from raykv.core.named import killed_for_good
 from raykv.core.outcomes import CallOutcome
 from raykv.core.wire import HoldingsPage
 from raykv.metrics.step_cost import COUNTS
@@ -24,13 +27,33 @@ class ActorLiveness:
     A never-returning ``raykv_watch`` call errors when the actor dies; while it
     is dead, a ``raykv_ping`` once per ``ping_period_s`` notices Ray restarting
     it (``max_restarts``), and a new watch starts.
+
+    Given the actor's ``name`` and ``namespace``, a ping that finds it dead for good
+    (``ActorDiedError``: ``ray.kill`` without restart) has a thread check whether raykv
+    still runs and the name is free or another actor's (``killed_for_good``); ``gone``
+    then tells the tier's owner to build the tier anew (``raykv.engine.reattach``).
     """
 
-    def __init__(self, actor: WatchableHandle, what: str, ping_period_s: float = 1.0) -> None:
+    #: Least seconds between two such checks (two GCS lookups each).
+    GONE_CHECK_S = 2.0
+
+    def __init__(
+        self,
+        actor: WatchableHandle,
+        what: str,
+        ping_period_s: float = 1.0,
+        name: str | None = None,
+        namespace: str | None = None,
+    ) -> None:
         self.actor = actor
         self.what = what  # for logs: "object store actor of node ..."
         self.ping_period_s = ping_period_s
         self.alive = True
+        #: Killed for good while raykv runs: a tier built anew starts (or finds) its successor.
+        self.gone = False
+        self._named = (name, namespace) if name is not None and namespace is not None else None
+        self._check: threading.Thread | None = None
+        self._next_check = 0.0
         self._watch = CallOutcome(actor.raykv_watch.remote())
         self._ping: CallOutcome | None = None
         self._next_ping = 0.0
@@ -55,6 +78,8 @@ class ActorLiveness:
                 return
             self._ping = None
             if error is not None:
+                if isinstance(error, ActorDiedError):
+                    self._check_gone()
                 return
             self.alive = True  # restarted: it rebuilt its state and re-registered
             self.close()  # in case it was only unreachable and the old watch lives
@@ -66,6 +91,27 @@ class ActorLiveness:
                 self._ping = CallOutcome(self.actor.raykv_ping.remote())
             except Exception:
                 self._ping = None
+
+    def _check_gone(self) -> None:
+        """Look up, on a thread, whether the dead actor was killed for good (sets ``gone``)."""
+        if self._named is None or self.gone or self._check is not None and self._check.is_alive():
+            return
+        if time.monotonic() < self._next_check:
+            return
+        self._next_check = time.monotonic() + self.GONE_CHECK_S
+        name, namespace = self._named
+        self._check = threading.Thread(target=self._look_up, args=(name, namespace), name="raykv-gone", daemon=True)
+        self._check.start()
+
+    def _look_up(self, name: str, namespace: str) -> None:
+        try:
+            gone = killed_for_good(self.actor, name, namespace)
+        except Exception as e:  # noqa: BLE001 - the GCS busy: the next failed ping asks again
+            logger.debug("%s: successor lookup failed: %r", self.what, e)
+            return
+        if gone:
+            logger.warning("%s was killed for good: its tier attaches to the actor started under its name", self.what)
+            self.gone = True
 
     def close(self) -> None:
         """Cancel the watch call (it would otherwise hold an actor slot forever)."""

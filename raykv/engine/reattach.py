@@ -7,6 +7,12 @@ without raykv. When raykv is started again the engine process notices it
 scheduler thread) and ``TierReattach`` builds a fresh tier from the same config
 in a background thread, exactly as at engine start. The caller swaps it in and
 retires the old one: its jobs in flight still end in one result each.
+
+The same happens, with the same services, when the tier's own actor (a node's
+object store actor, an fs root actor) was killed for good while raykv runs
+(``ray.kill`` without restart; its ``ActorLiveness`` reports it ``gone``): the
+new tier starts its successor, or finds the one ``raykv start`` started, as at
+engine start. Without this the engine would miss on that tier until it restarted.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ RETRY_AFTER_S = 10.0
 #: (its ``shutdown`` fails what is left, so each still gets its result).
 RETIRE_AFTER_S = 30.0
 
+#: Why a tier is built anew (for logs).
+RAYKV_RESTARTED = "raykv was stopped and started again"
+ACTOR_KILLED = "its actor was killed for good"
+
 
 def restarted(tier: SecondaryTier) -> bool:
     """Whether ``tier``'s raykv services were stopped and raykv runs again (never blocks)."""
@@ -33,9 +43,15 @@ def restarted(tier: SecondaryTier) -> bool:
     return bool(getattr(services, "restarted", False))
 
 
+def actor_gone(tier: SecondaryTier) -> bool:
+    """Whether ``tier``'s actor was killed for good while raykv runs (never blocks)."""
+    liveness = getattr(tier, "liveness", None)
+    return bool(getattr(liveness, "gone", False))
+
+
 class TierReattach:
-    """Builds the replacement of one tier (``make``) once its services restarted;
-    keeps the tiers it replaced until their jobs have ended."""
+    """Builds the replacement of one tier (``make``) once its services restarted or its
+    actor was killed for good; keeps the tiers it replaced until their jobs have ended."""
 
     def __init__(self, make: Callable[[], SecondaryTier], what: str) -> None:
         self._make = make
@@ -46,18 +62,23 @@ class TierReattach:
         self._retired: list[_Retired] = []
         #: Times this tier attached to a restarted raykv.
         self.reattached = 0
+        #: Times it was built anew because its actor was killed for good.
+        self.actor_replaced = 0
+        self._why = ""
 
     def poll(self, tier: SecondaryTier) -> SecondaryTier | None:
         """The new tier to use instead of ``tier`` once it is built, else None.
-        Cheap when nothing restarted: one attribute read."""
+        Cheap when nothing happened: two attribute reads."""
         if self._thread is None:
-            if restarted(tier) and time.monotonic() >= self._not_before:
+            if time.monotonic() < self._not_before:
+                return None
+            if restarted(tier):
                 services = getattr(tier, "services", None)
                 if services is not None:  # the build's ``attach`` must find the new services
                     services.retire()
-                self._thread = threading.Thread(target=self._build, name="raykv-reattach", daemon=True)
-                self._started = time.monotonic()
-                self._thread.start()
+                self._start_build(RAYKV_RESTARTED)
+            elif actor_gone(tier):
+                self._start_build(ACTOR_KILLED)
             return None
         if self._thread.is_alive():
             return None
@@ -67,17 +88,26 @@ class TierReattach:
             self._not_before = time.monotonic() + RETRY_AFTER_S
             return None
         self._retired.append(_Retired(tier))
-        self.reattached += 1
+        if self._why == ACTOR_KILLED:
+            self.actor_replaced += 1
+        else:
+            self.reattached += 1
         logger.warning(
-            "raykv: the %s attached to the restarted raykv in %.1f s", self.what, time.monotonic() - self._started
+            "raykv: the %s was built anew (%s) in %.1f s", self.what, self._why, time.monotonic() - self._started
         )
         return made
+
+    def _start_build(self, why: str) -> None:
+        self._why = why
+        self._thread = threading.Thread(target=self._build, name="raykv-reattach", daemon=True)
+        self._started = time.monotonic()
+        self._thread.start()
 
     def _build(self) -> None:
         try:
             self._made = self._make()
         except Exception as e:  # noqa: BLE001 - the old tier keeps missing; try again later
-            logger.warning("raykv: the %s could not attach to the restarted raykv: %r", self.what, e)
+            logger.warning("raykv: the %s could not be built anew (%s): %r", self.what, self._why, e)
 
     # -- retired tiers -----------------------------------------------------------
     def finished_jobs(self) -> Iterable[JobResult]:

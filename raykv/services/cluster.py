@@ -341,12 +341,13 @@ class RaykvServices:
     def shutdown(self) -> None:
         """Kill every raykv actor of this namespace (their blocks go with them)."""
         holders = self.holders()
+        # The control actor first: while it lives, callers start a missing shard, agent or
+        # tier actor again (``raykv.directory.replaced``, ``raykv.engine.reattach``).
+        ray.kill(self.control)
         for info in holders:
             actor = find_actor(info.actor_name, self.namespace)
             if actor is not None:
                 ray.kill(actor)
-        # Then the control actor: while it lives, callers start a missing shard or agent again.
-        ray.kill(self.control)
         # Every agent removes its view at once: one 10 s bound for all nodes, not 10 s per node
         # (a dead agent's call fails at once; its view files go with `raykv stop`'s cleanup).
         agents = list(self.directory_agents().values())

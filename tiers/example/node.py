@@ -191,7 +191,9 @@ class ExampleNodeTier(ActorCallTier):
             ExampleNodeActor, self.holder_info.actor_name, self.node_id, ns, self.node_id, ns, options.capacity_bytes
         )
         self.start_holder_actor(self.actor, f"{TIER_TYPE} actor of node {self.node_id}", options.capacity_bytes, 120)
-        self.liveness = ActorLiveness(self.actor, f"{TIER_TYPE} actor of node {self.node_id}")
+        self.liveness = ActorLiveness(
+            self.actor, f"{TIER_TYPE} actor of node {self.node_id}", name=self.holder_info.actor_name, namespace=ns
+        )
 
     def can_load(self, holder: HolderInfo) -> bool:
         return holder.holder_id == self.holder_info.holder_id and self.holder_alive

@@ -53,6 +53,7 @@ class RootController:
         self,
         actor: HolderHandle,
         actor_name: str,
+        namespace: str,
         timeout_s: float,
         on_committed: OnCommitted,
         on_removed: OnRemoved,
@@ -60,7 +61,7 @@ class RootController:
     ) -> None:
         self.actor = actor
         self.timeout = timeout_s
-        self.liveness = ActorLiveness(actor, f"fs root actor {actor_name}")
+        self.liveness = ActorLiveness(actor, f"fs root actor {actor_name}", name=actor_name, namespace=namespace)
         self._on_committed = on_committed
         self._on_removed = on_removed
         self._on_failed = on_failed

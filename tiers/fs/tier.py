@@ -124,6 +124,7 @@ class FsTier(DirectoryBackedTier):
         self._control = RootController(
             self.actor,
             self.holder_info.actor_name,
+            self.services.namespace,
             options.control_timeout_s,
             on_committed=self._finish_store,
             on_removed=self._finish_load_failure,

@@ -129,7 +129,12 @@ class ObjectStoreTier(ActorCallTier):
         self._lock = threading.Lock()
         self._touches: dict[bytes, None] = {}
         self._pins: dict[bytes, float] = {}  # key -> longest TTL asked this step
-        self.liveness = ActorLiveness(self.actor, f"object store actor of node {self.node_id}")
+        self.liveness = ActorLiveness(
+            self.actor,
+            f"object store actor of node {self.node_id}",
+            name=self.holder_info.actor_name,
+            namespace=self.services.namespace,
+        )
 
     # -- services ------------------------------------------------------------
     @classmethod

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, cast
 import ray
 from ray.actor import ActorClass, ActorHandle
 
-from raykv.core.naming import OWNER_ENV
+from raykv.core.named import find_actor
+from raykv.core.naming import CONTROL_ACTOR, OWNER_ENV
 from raykv.core.node import process_node_id, ray_session
 from raykv.core.outcomes import CallOutcome
 from raykv.holders import engine_cache
@@ -44,6 +45,8 @@ logger = logging.getLogger(__name__)
 ENGINE_MEDIA = (None, "GPU", "gpu")
 #: How long ``replace_actor`` tries to start the new actor under the old one's name.
 SWAP_TIMEOUT_S = 10.0
+#: While the actor is gone, how often the thread checks whether raykv runs (then it starts a new one).
+REVIVE_EVERY_S = 2.0
 
 
 def connect_endpoint(kv_events_config: KVEventsConfig | None) -> str | None:
@@ -87,6 +90,7 @@ class EngineEventsBridge:
         #: Set by ``replace_actor``: the thread starts a new actor before its next batch.
         self._replace = threading.Event()
         self._actor_gone = False  # its calls fail for good: batches are dropped until replaced
+        self._next_revive = 0.0
         self.batches = 0
         self.errors = 0
         self._parent = os.getppid()
@@ -148,6 +152,23 @@ class EngineEventsBridge:
                 time.sleep(0.2)
         self._actor_gone = False
         logger.info("raykv: engine KV events now go to a new %s", self.info.actor_name)
+
+    def _revive_if_running(self) -> None:
+        """The actor died for good (``ray.kill``, an OOM kill): start a new one if raykv runs
+        (its control actor lives). After ``raykv stop`` the tier's reattach asks instead,
+        once raykv is started again. A GCS lookup every ``REVIVE_EVERY_S`` at most."""
+        if time.monotonic() < self._next_revive:
+            return
+        self._next_revive = time.monotonic() + REVIVE_EVERY_S
+        try:
+            running = find_actor(CONTROL_ACTOR, self.namespace) is not None
+        except Exception:  # noqa: BLE001 - the GCS busy: ask again later
+            return
+        if running:
+            logger.warning(
+                "raykv: the engine cache actor %s died while raykv runs: starting it again", self.info.actor_name
+            )
+            self._replace.set()
 
     def count_loads(self, tier: str, blocks_loaded: Callable[[], int]) -> None:
         """Report this engine's blocks loaded from raykv tier ``tier`` with its
@@ -212,6 +233,8 @@ class EngineEventsBridge:
                             logger.warning("raykv: engine cache actor call failed: %s", error)
                         self._actor_gone = isinstance(error, ray.exceptions.ActorDiedError)
                     inflight = None
+                if self._actor_gone and not self._replace.is_set():
+                    self._revive_if_running()
                 if self._replace.is_set():
                     self._swap_actor()
                 if self._actor_gone:  # raykv stopped: nobody to tell until it runs again

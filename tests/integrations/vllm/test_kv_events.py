@@ -18,6 +18,7 @@ import pytest
 import ray
 
 from raykv.core.placement import ENGINE
+from raykv.core.wire import HolderInfo
 from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm import raykv_kv_transfer_config
 from raykv.integrations.vllm.hashing import block_hashes
@@ -154,6 +155,55 @@ def test_engine_blocks_are_listed_again_after_raykv_is_stopped_and_started(engin
         interval_s=0.5,
         ignore=(ValueError,),
         what="the engine's new blocks in the restarted directory",
+    )
+
+
+def test_engine_and_tier_actors_killed_for_good_come_back(engine) -> None:
+    """``ray.kill`` (no restart) of the engine's ``EngineCacheActor`` and of its node's object
+    store actor while raykv runs: the engine starts a new cache actor and builds its tier
+    anew, and its new blocks are listed and stored again."""
+    services = engine["services"]
+    seeds = iter(range(2000, 3000))
+
+    def holder(tier_type: str) -> HolderInfo | None:
+        _generate(engine["llm"], make_prompt_tokens(2 * 128 + 5, next(seeds)))  # the engine steps
+        return next((h for h in services.holders() if h.tier_type == tier_type), None)
+
+    # (after the restart test, the tier may still be attaching: it does so on the engine's steps)
+    cache_holder = wait_until(lambda: holder("engine"), timeout_s=60.0, what="the engine cache actor")
+    store_holder = wait_until(lambda: holder("object_store"), timeout_s=60.0, what="the object store actor")
+    sent: list[list[int]] = []
+
+    def replaced(holder: HolderInfo, old: ray.actor.ActorHandle) -> ray.actor.ActorHandle | None:
+        """After one more engine step: the actor now named for ``holder`` if it is not ``old``."""
+        sent.append(make_prompt_tokens(2 * 128 + 5, next(seeds)))
+        _generate(engine["llm"], sent[-1])  # the engine steps: its tier notices, its bridge sends
+        try:
+            now = ray.get_actor(holder.actor_name, namespace=NAMESPACE)
+        except ValueError:  # not started again yet
+            return None
+        return None if now == old else now
+
+    # The engine cache actor alone: the engine's bridge starts a new one (raykv still runs).
+    old_cache = ray.get_actor(cache_holder.actor_name, namespace=NAMESPACE)
+    ray.kill(old_cache)  # Ray's default: no restart
+    wait_until(
+        lambda: replaced(cache_holder, old_cache) and any(all(_engine_holding(engine, p)) for p in sent[-4:]),
+        timeout_s=60.0,
+        interval_s=0.5,
+        what="the engine's new blocks listed by a new engine cache actor",
+    )
+    # The node's object store actor: the engine's tier is built anew and stores to its successor.
+    old_store = ray.get_actor(store_holder.actor_name, namespace=NAMESPACE)
+    ray.kill(old_store)
+    new_store = wait_until(
+        lambda: replaced(store_holder, old_store), timeout_s=60.0, interval_s=0.5, what="a new object store actor"
+    )
+    wait_until(
+        lambda: replaced(store_holder, old_store) and ray.get(new_store.stats.remote(), timeout=30).figures["blocks"],
+        timeout_s=60.0,
+        interval_s=0.5,
+        what="the engine's blocks stored in the new object store actor",
     )
 
 
