@@ -40,6 +40,7 @@ from ray.exceptions import ActorDiedError
 from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
+from raykv.core.named import find_actor
 from raykv.core.tenants import TenantLRU
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
 from raykv.directory.agent import start_agent
@@ -264,12 +265,28 @@ class HolderActor(WatchableActor):
         self._publish()
 
     async def _reconcile_once(self, directory: DirectoryClient, me: ActorHandle, suspect: set[int]) -> int:
-        """Also announce ourselves again to a control actor that forgot us
-        (it restarted with an empty holder list)."""
-        known: list[HolderInfo] = await self._control.holders.remote()
+        """Also announce ourselves again to a control actor that forgot us."""
+        try:
+            await self._announce(me)
+        except Exception as e:  # noqa: BLE001 - the directory's repair does not need the control actor
+            logger.debug("announcing to the control actor failed: %r", e)
+        return await super()._reconcile_once(directory, me, suspect)
+
+    async def _announce(self, me: ActorHandle) -> None:
+        """Announce ourselves to the control actor if it does not list us: it restarted
+        with an empty holder list, or it was killed for good and ``raykv start`` started
+        another under its name (we call that one from then on)."""
+        try:
+            known: list[HolderInfo] = await self._control.holders.remote()
+        except ActorDiedError:
+            live = await asyncio.to_thread(find_actor, naming.CONTROL_ACTOR, self.namespace)
+            if live is None or live == self._control:
+                raise
+            logger.info("raykv's control actor was started again as a new actor: announcing %s to it", self.info)
+            self._control = live
+            known = await live.holders.remote()
         if self.info.holder_id not in {h.holder_id for h in known}:
             await self._control.add_holder.remote(self.info, me)
-        return await super()._reconcile_once(directory, me, suspect)
 
     # -- helpers for tiers -------------------------------------------------
     def _publish(self) -> None:

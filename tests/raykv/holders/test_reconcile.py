@@ -44,3 +44,30 @@ def test_a_holder_dropped_at_a_shard_while_alive_is_relisted(ray_local) -> None:
         finally:
             tier.shutdown()
     services.shutdown()
+
+
+def test_holders_repair_and_announce_after_the_control_actor_is_killed_for_good(ray_local) -> None:
+    """``ray.kill`` (no restart) of the control actor: tier actors still repair the directory,
+    and once ``raykv start`` started another control actor they announce themselves to it."""
+    ns = f"{NS}-control"
+    services = raykv.start({"namespace": ns, "directory_shards": 2, "holder_reconcile_s": 0.5})
+    with PrimaryRegion(8, 4096) as region:
+        tier = TierFactory.create_tier({"type": "object_store", "namespace": ns}, region.view, services=services)
+        try:
+            keys = prefix_keys(list(range(16 * 8)), 16)
+            assert TierDriver(tier).store(keys, list(range(8))).success
+            ray.kill(services.control)  # Ray's default: no restart
+            ray.get(services.directory.shards[0].remove_holder.remote(tier.holder_id, "spurious"))
+            assert _listed(services, keys) < 8
+            wait_until(lambda: _listed(services, keys) == 8, timeout_s=20, what="the repair without a control actor")
+
+            control = raykv.start({"namespace": ns, "directory_shards": 2, "holder_reconcile_s": 0.5}).control
+            assert control != services.control
+            wait_until(
+                lambda: tier.holder_id in {h.holder_id for h in ray.get(control.holders.remote())},
+                timeout_s=20,
+                what="the holder announced to the new control actor",
+            )
+        finally:
+            tier.shutdown()
+    raykv.attach(ns).shutdown()
