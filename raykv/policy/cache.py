@@ -13,6 +13,7 @@ from ray.exceptions import ActorDiedError
 from raykv.core.background import SessionEnded, wait_answer
 from raykv.core.contract import ReqContext, RequestOffloadingContext
 from raykv.core.node import ray_session
+from raykv.policy.messages import RulesAnswer
 from raykv.policy.rules import PolicyRule, decide
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,12 @@ class PolicyCache:
     second, ``find_control`` looks for a new control actor under the name; one
     that answers is ``successor`` (raykv was started again) and the poll ends:
     the process's tiers attach to the new services (``raykv.engine.reattach``).
+
+    A control actor that Ray restarted in place after a crash answers with
+    another ``incarnation``: it forgot the rules added at run time and the
+    engines' identities. The cache then gives it back its rules
+    (``restore_rules``, taken only when newer than the restarted actor's) and
+    calls ``on_control_restart`` (the services announce their identities again).
     """
 
     def __init__(
@@ -36,8 +43,13 @@ class PolicyCache:
         control: ActorHandle,
         refresh_s: float = 5.0,
         find_control: Callable[[], ActorHandle | None] | None = None,
+        on_control_restart: Callable[[], None] | None = None,
     ) -> None:
         self._control = control
+        self._on_control_restart = on_control_restart
+        self._incarnation: str | None = None
+        #: Times the control actor was found restarted in place (a crash).
+        self.control_restarts = 0
         self.refresh_s = refresh_s
         self.version = -1
         self.rules: list[PolicyRule] = []
@@ -57,13 +69,16 @@ class PolicyCache:
             if ray_session() != session:  # Ray shut down (or another session began): ours is over
                 return
             try:
-                poll: ray.ObjectRef[tuple[int, list[PolicyRule]]] = self._control.wait_rules.remote(
-                    self.version, self.refresh_s
-                )
-                version, rules = wait_answer(poll, self.refresh_s + 30, session)
-                if version != self.version:
+                poll: ray.ObjectRef[RulesAnswer] = self._control.wait_rules.remote(self.version, self.refresh_s)
+                answer: RulesAnswer = wait_answer(poll, self.refresh_s + 30, session)
+                if self._incarnation is not None and answer.incarnation != self._incarnation:
+                    self._incarnation = answer.incarnation
+                    self._control_restarted(session)
+                    continue  # ask again: the rules given back, or the restarted actor's own
+                self._incarnation = answer.incarnation
+                if answer.version != self.version:
                     with self._changed:
-                        self.version, self.rules = version, rules
+                        self.version, self.rules = answer.version, answer.rules
                         self._changed.notify_all()
             except SessionEnded:
                 return
@@ -82,6 +97,25 @@ class PolicyCache:
                 else:
                     logger.debug("policy refresh failed: %r", e)
                 self._stop.wait(min(self.refresh_s, 1.0))
+
+    def _control_restarted(self, session: str | None) -> None:
+        """Give the control actor, restarted after a crash, what it forgot."""
+        self.control_restarts += 1
+        logger.warning(
+            "raykv's control actor restarted after a crash: giving it back this engine's rules and identities"
+        )
+        if self.version >= 0:
+            try:
+                wait_answer(self._control.restore_rules.remote(self.version, list(self.rules)), 30.0, session)
+            except SessionEnded:
+                raise
+            except Exception as e:  # noqa: BLE001 - the next poll takes the restarted actor's rules
+                logger.warning("could not give the rules back to raykv's control actor: %r", e)
+        if self._on_control_restart is not None:
+            try:
+                self._on_control_restart()
+            except Exception as e:  # noqa: BLE001 - status and invalidation miss this engine's identity
+                logger.warning("could not announce this engine's identities again: %r", e)
 
     def _found_successor(self, session: str | None) -> bool:
         """Whether a new control actor runs under the name and answers (sets ``successor``)."""

@@ -179,7 +179,7 @@ class RaykvServices:
         self.directory = DirectoryClient(shards, self.namespace)
         self._lookup_cache: LookupCache | None = None
         self._policy: PolicyCache | None = None
-        self._identities_sent: set[bytes] = set()
+        self._identities_sent: dict[bytes, KVIdentity] = {}
         #: Which tier of this process loads which holder's blocks (``raykv.core.placement``).
         self.planner = LoadPlanner(self.node_id())
 
@@ -230,6 +230,7 @@ class RaykvServices:
                 self.control,
                 self.config.policy_refresh_s,
                 find_control=lambda: find_actor(naming.CONTROL_ACTOR, namespace),
+                on_control_restart=self._announce_identities,
             )
         return self._policy
 
@@ -294,9 +295,15 @@ class RaykvServices:
         return self.read_control("holders", list[HolderInfo], timeout)
 
     def register_identity(self, identity: KVIdentity) -> None:
-        """Announce an engine's KV identity to the control actor (once per process)."""
+        """Announce an engine's KV identity to the control actor (once per process, and
+        again if the control actor restarts after a crash: the policy poll sees it)."""
         if identity.tag not in self._identities_sent:
-            self._identities_sent.add(identity.tag)
+            self._identities_sent[identity.tag] = identity
+            self.control.register_identity.remote(identity.tag_hex, identity)
+        self.policy  # noqa: B018 - starts the long poll that notices a restarted control actor
+
+    def _announce_identities(self) -> None:
+        for identity in list(self._identities_sent.values()):
             self.control.register_identity.remote(identity.tag_hex, identity)
 
     def identities(self, timeout: float | None = None) -> dict[str, KVIdentity]:

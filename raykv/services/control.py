@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import uuid
 from collections import Counter
 
 import ray
@@ -24,6 +25,7 @@ from raykv.core.wire import HolderInfo
 from raykv.directory.replaced import SHARD_CHECK_S, start_missing_shards
 from raykv.metrics import status_log
 from raykv.policy import PolicyRule
+from raykv.policy.messages import RulesAnswer
 from raykv.services.messages import ControlStats
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,10 @@ class ControlActor:
             self._rules[rule.name or f"rule-{i}"] = rule
         if self._rules:
             self._version = 1
+        self._incarnation = uuid.uuid4().hex
+        #: Restarted by Ray after a crash: engines may give back the rules added at run time
+        #: (``restore_rules``) until an operator changes the rules here.
+        self._restorable = ray.get_runtime_context().was_current_actor_reconstructed
         self._status_log = status_log.spawn(self.status_line, interval_s=float(config.status_log_s))
         self._shard_keeper = asyncio.get_running_loop().create_task(self._keep_shards())
 
@@ -85,12 +91,14 @@ class ControlActor:
     async def add_rule(self, rule: PolicyRule) -> int:
         """Add (or replace, by name) a policy rule; returns the new rules version."""
         self.calls["add_rule"] += 1
+        self._restorable = False
         name = rule.name or f"rule-{len(self._rules)}"
         self._rules[name] = dataclasses.replace(rule, name=name)
         return self._bump()
 
     async def remove_rule(self, name: str) -> int:
         self.calls["remove_rule"] += 1
+        self._restorable = False
         if self._rules.pop(name, None) is not None:
             return self._bump()
         return self._version
@@ -105,7 +113,7 @@ class ControlActor:
         self.calls["rules"] += 1
         return self._version, list(self._rules.values())
 
-    async def wait_rules(self, known_version: int, timeout_s: float) -> tuple[int, list[PolicyRule]]:
+    async def wait_rules(self, known_version: int, timeout_s: float) -> RulesAnswer:
         """Long poll: return when the rules differ from ``known_version`` or after ``timeout_s``."""
         self.calls["wait_rules"] += 1
         if known_version == self._version:
@@ -118,7 +126,22 @@ class ControlActor:
                 self._readers[known_version] -= 1
                 if not self._readers[known_version]:
                     del self._readers[known_version]
-        return self._version, list(self._rules.values())
+        return RulesAnswer(self._version, list(self._rules.values()), self._incarnation)
+
+    async def restore_rules(self, version: int, rules: list[PolicyRule]) -> bool:
+        """An engine's rules (``version``) from before this actor was restarted after a crash,
+        which lost the rules added at run time: taken when newer than this actor's and no
+        operator changed the rules since the restart. Whether they were taken."""
+        self.calls["restore_rules"] += 1
+        if not self._restorable or version <= self._version:
+            return False
+        self._rules = {rule.name or f"rule-{i}": rule for i, rule in enumerate(rules)}
+        self._version = version - 1
+        self._bump()
+        logger.warning(
+            "control actor restarted: took back %d policy rule(s), version %d, from an engine", len(rules), version
+        )
+        return True
 
     async def rules_readers(self) -> list[int]:
         """The rules version each engine's waiting long poll holds (one entry

@@ -80,6 +80,47 @@ def test_holders_announce_again_to_a_restarted_control_actor(services, tmp_path)
             tier.shutdown()
 
 
+def test_a_control_actor_restarted_after_a_crash_gets_back_rules_and_identities(services, tmp_path):
+    """A crash (Ray restarts the control actor in place) forgets the rules added at run time
+    and the engines' identities: the engines' policy polls give them back, and the engines
+    never run without the rule meanwhile."""
+    with PrimaryRegion(4, 4096) as region:
+        tier = TierFactory.create_tier({"type": "fs", "root": str(tmp_path)}, region.view, services=services)
+        try:
+            tag = tier.identity.tag_hex
+            wait_until(lambda: tag in services.identities(), timeout_s=20.0, what="the engine's identity")
+            policy = services.policy
+            version = services.add_rule({"name": "crash", "tier": "*", "policy": "REQUEST_LEVEL"})
+            assert policy.wait_version(version, timeout=10)
+            fresh = ray.get(services.control.restore_rules.remote(version + 5, []))
+            assert fresh is False  # a control actor that did not restart takes nothing
+
+            restarts = policy.control_restarts  # (an earlier test of this module restarted it too)
+            ray.kill(services.control, no_restart=False)  # a crash: Ray restarts it, empty
+            seen: list[list[str | None]] = []
+
+            def restored() -> bool:
+                seen.append([r.name for r in policy.rules])
+                got = ray.get(services.control.rules.remote(), timeout=30)
+                return got[0] == version and [r.name for r in got[1]] == ["crash"] and tag in services.identities()
+
+            wait_until(
+                restored,
+                timeout_s=30.0,
+                interval_s=0.05,
+                ignore=(ray.exceptions.RayActorError,),  # (ActorUnavailableError while it restarts)
+                what="the rules and identity given back",
+            )
+            assert policy.control_restarts == restarts + 1 and not policy.control_gone
+            assert all(names == ["crash"] for names in seen), seen  # the engine kept the rule throughout
+            # An operator's change after the restart wins over any engine's older copy.
+            assert services.remove_rule("crash") == version + 1
+            assert ray.get(services.control.restore_rules.remote(version + 5, [])) is False
+            assert policy.wait_version(version + 1, timeout=10) and policy.rules == []
+        finally:
+            tier.shutdown()
+
+
 def test_rules_readers_show_the_version_engines_hold(services):
     policy = services.policy
     assert policy.wait_version(0, timeout=30)
