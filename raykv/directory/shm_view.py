@@ -52,8 +52,12 @@ ATTACH_EVERY_S = 0.2
 #: Most keys whose fingerprints a reader remembers (an engine looks the same prefixes
 #: up step after step; hashing them again cost more than the read itself).
 FP_CACHE_KEYS = 262_144
-#: Reads tried before a reader gives up on this round (the writer is mid-change).
+#: Reads tried at once before a reader gives up on this round (the writer is mid-change).
 READ_TRIES = 4
+#: Then, while the writer is still mid-change, the reader yields its CPU and tries again for
+#: up to this long: a big change (a growing table), or a writer descheduled mid-change on a
+#: busy host, lasts longer than four tries, and giving up costs the engine a directory call.
+READ_WAIT_NS = 200_000
 
 
 def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
@@ -198,6 +202,7 @@ class ViewReader:
         self._complete = False
         self.reads = 0
         self.retries = 0
+        self._busy = False  # the last read found the writer mid-change
         self._fps: dict[bytes, int] = {}
 
     def _attach(self) -> bool:
@@ -244,12 +249,14 @@ class ViewReader:
 
     def _begin(self) -> int | None:
         """The sequence to check against, with table and decode table current (None: not now)."""
+        self._busy = False
         if not self._attach():
             return None
         hdr = self._hdr
         assert hdr is not None
         seq = hdr[_SEQ]
-        if seq & 1:
+        self._busy = bool(seq & 1)
+        if self._busy:
             return None
         if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:
             return None
@@ -259,6 +266,17 @@ class ViewReader:
             return None
         self._complete = bool(hdr[_COMPLETE])
         return seq
+
+    def _again(self, attempt: int, since_ns: int) -> bool:
+        """After failed read ``attempt`` (from 0): whether to try again (``READ_TRIES`` at
+        once, then while the writer is mid-change, yielding, until ``READ_WAIT_NS``)."""
+        self.retries += 1
+        if attempt + 1 < READ_TRIES:
+            return True
+        if not self._busy or time.perf_counter_ns() - since_ns > READ_WAIT_NS:
+            return False
+        os.sched_yield()
+        return True
 
     def _holders(self, set_id: int) -> list[HolderInfo] | None:
         return self._by_set[set_id] if set_id < len(self._by_set) else None
@@ -283,11 +301,13 @@ class ViewReader:
             if len(self._fps) >= FP_CACHE_KEYS:
                 self._fps.clear()
             self._fps[key] = fp
-        for _ in range(READ_TRIES):
+        since = time.perf_counter_ns()
+        attempt = -1
+        while True:
+            attempt += 1
             seq = self._begin()
             if seq is None:
-                self.retries += 1
-                if self._hdr is None:
+                if self._hdr is None or not self._again(attempt, since):
                     return None
                 continue
             fps, vals, mask = self._flat_fps, self._flat_vals, self._mask
@@ -310,24 +330,27 @@ class ViewReader:
                 break
             assert self._hdr is not None
             if self._hdr[_SEQ] != seq:
-                self.retries += 1
+                self._busy = True
+                if not self._again(attempt, since):
+                    return None
                 continue
             self.reads += 1
             if value < 0:
                 return [] if self._complete else None
             return self._holders(value)
-        return None
 
     def lookup(self, keys: Sequence[bytes]) -> list[list[HolderInfo] | None]:
         """Each key's holders from the view (None where not known there), in one read."""
         if not keys:
             return []
         fps = self._fingerprints(keys)
-        for _ in range(READ_TRIES):
+        since = time.perf_counter_ns()
+        attempt = -1
+        while True:
+            attempt += 1
             seq = self._begin()
             if seq is None:
-                self.retries += 1
-                if self._hdr is None:
+                if self._hdr is None or not self._again(attempt, since):
                     break
                 continue
             table = self._table
@@ -335,7 +358,9 @@ class ViewReader:
             pos = table.find(fps)
             ids = np.where(pos >= 0, table.values[pos], 0)
             if self._hdr[_SEQ] != seq:
-                self.retries += 1
+                self._busy = True
+                if not self._again(attempt, since):
+                    break
                 continue
             self.reads += 1
             absent: list[HolderInfo] | None = [] if self._complete else None

@@ -118,6 +118,43 @@ def test_reads_never_see_a_half_made_change(shared):
         sys.setswitchinterval(switch)
 
 
+def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch):
+    """A change that outlasts the reader's quick tries (a growing table, a writer descheduled
+    mid-change on a busy host): the reader yields and reads once the change ends, for up to
+    ``READ_WAIT_NS``; past that it gives up, and the engine asks the agent."""
+    _, view, reader = shared
+    view.slot(0, LOCAL)
+    keys = _keys(8)
+    view.register(0, "local", to_blob(fingerprints(keys)))
+
+    def change_for(seconds: float) -> threading.Thread:
+        started = threading.Event()
+
+        def hold() -> None:
+            with view.change():
+                started.set()
+                time.sleep(seconds)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        started.wait()
+        return t
+
+    t = change_for(0.3)  # far past the default wait: the reader gives up at once
+    t0 = time.monotonic()
+    assert reader.lookup(keys) == [None] * 8 and reader.get(keys[0]) is None
+    assert time.monotonic() - t0 < 0.1
+    t.join()
+
+    monkeypatch.setattr(shm_view, "READ_WAIT_NS", 5_000_000_000)  # longer than this test's change
+    retries = reader.retries
+    t = change_for(0.05)
+    t0 = time.monotonic()
+    assert reader.lookup(keys) == [[LOCAL]] * 8  # read after the change, not given up
+    assert time.monotonic() - t0 >= 0.02 and reader.retries > retries + shm_view.READ_TRIES
+    t.join()
+
+
 def test_a_silent_writer_is_not_trusted(shared, monkeypatch):
     _, view, reader = shared
     view.slot(0, LOCAL)
