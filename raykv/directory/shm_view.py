@@ -254,11 +254,11 @@ class ViewReader:
             return None
         hdr = self._hdr
         assert hdr is not None
+        if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:  # (a writer that died mid-change, too)
+            return None
         seq = hdr[_SEQ]
         self._busy = bool(seq & 1)
         if self._busy:
-            return None
-        if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:
             return None
         if hdr[_GEN] != self._gen and not self._remap(hdr[_GEN], hdr[_BUCKETS]):
             return None

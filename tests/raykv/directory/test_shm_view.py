@@ -163,6 +163,12 @@ def test_a_silent_writer_is_not_trusted(shared, monkeypatch):
     assert reader.get(keys[0]) == [LOCAL]
     monkeypatch.setattr(shm_view, "STALE_NS", -1)  # as if its last heartbeat were long ago
     assert reader.get(keys[0]) is None and reader.lookup(keys) == [None] * 3
+    # A writer that died mid-change: not waited for (a change in progress is, for a while).
+    monkeypatch.setattr(shm_view, "READ_WAIT_NS", 5_000_000_000)
+    with view.change():
+        t0 = time.monotonic()
+        assert reader.get(keys[0]) is None and reader.lookup(keys) == [None] * 3
+        assert time.monotonic() - t0 < 1.0
 
 
 def test_no_view_means_ask(tmp_path):
