@@ -29,12 +29,22 @@ def named_actor(cls: type, name: str, namespace: str, *args: object) -> ActorHan
     return handle
 
 
+def raykv_running(namespace: str) -> bool:
+    """Whether raykv's control actor lives in ``namespace`` (``raykv stop`` kills it first)."""
+    return find_actor(naming.CONTROL_ACTOR, namespace) is not None
+
+
+def successor(actor: object, name: str, namespace: str) -> ActorHandle | None:
+    """The live actor named ``name`` now when it is another one than ``actor`` (None: the same
+    actor, restarting in place, or none started yet). A blocking GCS lookup."""
+    live = find_actor(name, namespace)
+    return None if live is None or live == actor else live
+
+
 def killed_for_good(actor: object, name: str, namespace: str) -> bool:
     """Whether ``actor``, once named ``name``, was killed for good while raykv runs in
     ``namespace``: no live actor has the name now, or another one does. Not after ``raykv
     stop`` (its control actor is gone; engines attach again once raykv is started), and not
     while Ray restarts ``actor`` in place (the name still resolves to it). Blocking GCS
     lookups: call it off the scheduler thread."""
-    if find_actor(naming.CONTROL_ACTOR, namespace) is None:
-        return False
-    return find_actor(name, namespace) != actor
+    return raykv_running(namespace) and find_actor(name, namespace) != actor

@@ -20,7 +20,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import ActorDiedError
 
 from raykv.core import naming
-from raykv.core.named import find_actor, named_actor
+from raykv.core.named import find_actor, named_actor, raykv_running, successor
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ def replace_in(shards: list[ActorHandle], namespace: str, index: int) -> bool:
     """Put the actor named for shard ``index`` now in ``shards[index]`` when it is another one
     than that handle (not when the same actor is restarting in place, or none is started yet);
     whether it did. A blocking GCS lookup: call it off the event loop."""
-    live = live_shard(namespace, index)
-    if live is None or live == shards[index]:
+    live = successor(shards[index], naming.directory_shard(index), namespace)
+    if live is None:
         return False
     shards[index] = live
     return True
@@ -62,7 +62,7 @@ def while_running(namespace: str, start: Callable[[], ActorHandle]) -> Callable[
     behind it; engines attach again once raykv is started)."""
 
     def restart() -> ActorHandle | None:
-        return None if find_actor(naming.CONTROL_ACTOR, namespace) is None else start()
+        return start() if raykv_running(namespace) else None
 
     return restart
 

@@ -267,16 +267,25 @@ class ViewReader:
         self._complete = bool(hdr[_COMPLETE])
         return seq
 
-    def _again(self, attempt: int, since_ns: int) -> bool:
-        """After failed read ``attempt`` (from 0): whether to try again (``READ_TRIES`` at
-        once, then while the writer is mid-change, yielding, until ``READ_WAIT_NS``)."""
-        self.retries += 1
-        if attempt + 1 < READ_TRIES:
-            return True
-        if not self._busy or time.perf_counter_ns() - since_ns > READ_WAIT_NS:
-            return False
-        os.sched_yield()
-        return True
+    def _reads(self) -> Iterator[int]:
+        """The sequence each read checks against; the caller returns once its read holds,
+        and asks for the next when the writer changed the view meanwhile. ``READ_TRIES``
+        at once, then, while the writer is mid-change, yielding the CPU until ``READ_WAIT_NS``."""
+        since = time.perf_counter_ns()
+        attempt = 0
+        while True:
+            seq = self._begin()
+            if seq is not None:
+                yield seq
+                self._busy = True  # the caller's read was torn: the writer is mid-change
+            elif self._hdr is None:
+                return
+            self.retries += 1
+            attempt += 1
+            if attempt >= READ_TRIES:
+                if not self._busy or time.perf_counter_ns() - since > READ_WAIT_NS:
+                    return
+                os.sched_yield()
 
     def _holders(self, set_id: int) -> list[HolderInfo] | None:
         return self._by_set[set_id] if set_id < len(self._by_set) else None
@@ -301,15 +310,7 @@ class ViewReader:
             if len(self._fps) >= FP_CACHE_KEYS:
                 self._fps.clear()
             self._fps[key] = fp
-        since = time.perf_counter_ns()
-        attempt = -1
-        while True:
-            attempt += 1
-            seq = self._begin()
-            if seq is None:
-                if self._hdr is None or not self._again(attempt, since):
-                    return None
-                continue
+        for seq in self._reads():
             fps, vals, mask = self._flat_fps, self._flat_vals, self._mask
             assert fps is not None and vals is not None
             value = -1
@@ -330,37 +331,24 @@ class ViewReader:
                 break
             assert self._hdr is not None
             if self._hdr[_SEQ] != seq:
-                self._busy = True
-                if not self._again(attempt, since):
-                    return None
                 continue
             self.reads += 1
             if value < 0:
                 return [] if self._complete else None
             return self._holders(value)
+        return None
 
     def lookup(self, keys: Sequence[bytes]) -> list[list[HolderInfo] | None]:
         """Each key's holders from the view (None where not known there), in one read."""
         if not keys:
             return []
         fps = self._fingerprints(keys)
-        since = time.perf_counter_ns()
-        attempt = -1
-        while True:
-            attempt += 1
-            seq = self._begin()
-            if seq is None:
-                if self._hdr is None or not self._again(attempt, since):
-                    break
-                continue
+        for seq in self._reads():
             table = self._table
             assert table is not None and self._hdr is not None
             pos = table.find(fps)
             ids = np.where(pos >= 0, table.values[pos], 0)
             if self._hdr[_SEQ] != seq:
-                self._busy = True
-                if not self._again(attempt, since):
-                    break
                 continue
             self.reads += 1
             absent: list[HolderInfo] | None = [] if self._complete else None

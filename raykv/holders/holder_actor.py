@@ -40,7 +40,7 @@ from ray.exceptions import ActorDiedError
 from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
-from raykv.core.named import find_actor
+from raykv.core.named import successor
 from raykv.core.tenants import TenantLRU
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
 from raykv.directory.agent import start_agent
@@ -279,8 +279,8 @@ class HolderActor(WatchableActor):
         try:
             known: list[HolderInfo] = await self._control.holders.remote()
         except ActorDiedError:
-            live = await asyncio.to_thread(find_actor, naming.CONTROL_ACTOR, self.namespace)
-            if live is None or live == self._control:
+            live = await asyncio.to_thread(successor, self._control, naming.CONTROL_ACTOR, self.namespace)
+            if live is None:
                 raise
             logger.info("raykv's control actor was started again as a new actor: announcing %s to it", self.info)
             self._control = live

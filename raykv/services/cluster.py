@@ -22,7 +22,7 @@ from raykv.core import naming
 from raykv.core.errors import RaykvError
 from raykv.core.fields import check_ray_address
 from raykv.core.identity import KVIdentity
-from raykv.core.named import find_actor, named_actor
+from raykv.core.named import find_actor, named_actor, raykv_running
 from raykv.core.node import process_node_id
 from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
@@ -412,7 +412,7 @@ def stop(namespace: str = naming.DEFAULT_NAMESPACE, *, address: str | None = Non
     if problem:
         raise ArgumentError("namespace", problem)
     ensure_ray(address)
-    if find_actor(naming.CONTROL_ACTOR, namespace) is None:
+    if not raykv_running(namespace):
         return Stopped(namespace, False, tuple(kill_named_actors(namespace)))
     attach(namespace).shutdown()
     return Stopped(namespace, True)

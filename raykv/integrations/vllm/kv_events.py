@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, cast
 import ray
 from ray.actor import ActorClass, ActorHandle
 
-from raykv.core.named import find_actor
-from raykv.core.naming import CONTROL_ACTOR, OWNER_ENV
+from raykv.core.named import raykv_running
+from raykv.core.naming import OWNER_ENV
 from raykv.core.node import process_node_id, ray_session
 from raykv.core.outcomes import CallOutcome
 from raykv.holders import engine_cache
@@ -161,7 +161,7 @@ class EngineEventsBridge:
             return
         self._next_revive = time.monotonic() + REVIVE_EVERY_S
         try:
-            running = find_actor(CONTROL_ACTOR, self.namespace) is not None
+            running = raykv_running(self.namespace)
         except Exception:  # noqa: BLE001 - the GCS busy: ask again later
             return
         if running:
