@@ -27,6 +27,7 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.core import naming
+from raykv.core.restarting import await_riding_out_restart
 from raykv.core.wire import PENDING, HolderInfo, LookupReply
 from raykv.directory.feed import ChangeFeed
 from raykv.directory.fingerprint import from_blob, to_blob
@@ -335,7 +336,9 @@ class DirectoryShard:
             return
         try:
             control = await asyncio.to_thread(ray.get_actor, naming.CONTROL_ACTOR, namespace=self.namespace)
-            holders: list[HolderInfo] = await asyncio.wait_for(control.holders.remote(), REBUILD_TIMEOUT_S)
+            holders: list[HolderInfo] = await asyncio.wait_for(
+                await_riding_out_restart(control.holders.remote), REBUILD_TIMEOUT_S
+            )
         except Exception as e:  # no control actor (yet): nothing to rebuild from
             self.rebuild = RebuildReport(error=repr(e))
             return
@@ -343,7 +346,9 @@ class DirectoryShard:
 
         async def ask(holder: HolderInfo) -> tuple[ActorHandle, tuple[HolderInfo, list[bytes]]]:
             handle = await asyncio.to_thread(ray.get_actor, holder.actor_name, namespace=holder.namespace)
-            reply = await asyncio.wait_for(handle.raykv_resync.remote(index, num_shards), REBUILD_TIMEOUT_S)
+            reply: tuple[HolderInfo, list[bytes]] = await asyncio.wait_for(
+                handle.raykv_resync.remote(index, num_shards), REBUILD_TIMEOUT_S
+            )
             return handle, reply
 
         replies = await asyncio.gather(*(ask(h) for h in holders), return_exceptions=True)

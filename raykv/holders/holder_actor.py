@@ -30,7 +30,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 import numpy as np
 import ray
@@ -41,6 +41,7 @@ from raykv.core import naming
 from raykv.core.identity import blocks_by_identity
 from raykv.core.keys import shard_of
 from raykv.core.named import successor
+from raykv.core.restarting import await_riding_out_restart
 from raykv.core.tenants import TenantLRU
 from raykv.core.wire import HolderInfo, HolderReady, HoldingsPage, Report
 from raykv.directory.agent import start_agent
@@ -237,7 +238,8 @@ class HolderActor(WatchableActor):
     # -- start-up ----------------------------------------------------------
     async def _start(self) -> None:
         control = ray.get_actor(naming.CONTROL_ACTOR, namespace=self.namespace)
-        config = await control.config.remote()  # the namespace's RaykvConfig
+        # The namespace's RaykvConfig (a room holders does not import).
+        config: Any = await await_riding_out_restart(control.config.remote)
         shards = [
             ray.get_actor(naming.directory_shard(i), namespace=self.namespace) for i in range(config.directory_shards)
         ]

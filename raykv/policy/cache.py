@@ -32,10 +32,11 @@ class PolicyCache:
     the process's tiers attach to the new services (``raykv.engine.reattach``).
 
     A control actor that Ray restarted in place after a crash answers with
-    another ``incarnation``: it forgot the rules added at run time and the
-    engines' identities. The cache then gives it back its rules
-    (``restore_rules``, taken only when newer than the restarted actor's) and
-    calls ``on_control_restart`` (the services announce their identities again).
+    another ``incarnation``: it forgot the engines' identities, and the rules
+    added at run time if it could not keep them in the GCS
+    (``raykv.services.rules_store``). The cache then offers it its rules
+    (``restore_rules``, taken only when newer than what it has) and calls
+    ``on_control_restart`` (the services announce their identities again).
     """
 
     def __init__(

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
@@ -26,6 +25,7 @@ from raykv.core.named import find_actor, named_actor, raykv_running
 from raykv.core.node import process_node_id
 from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
+from raykv.core.restarting import RESTART_WAIT_S, get_riding_out_restart
 from raykv.core.validate import ArgumentError, ConfigError
 from raykv.core.wire import HolderInfo, Report
 from raykv.directory.agent import start_agent
@@ -38,6 +38,7 @@ from raykv.services import grafana
 from raykv.services.control import ControlActor
 from raykv.services.messages import ControlStats
 from raykv.services.pinning import Unpinned, unpin_everywhere
+from raykv.services.rules_store import drop_rules
 
 logger = logging.getLogger(__name__)
 
@@ -265,34 +266,32 @@ class RaykvServices:
         """
         parsed = rule if isinstance(rule, PolicyRule) else PolicyRule.from_dict(rule, "rule")
         check_rule_tier(parsed.tier, "rule.tier", also=[t.get("type") for t in self.config.tiers])
-        version: ray.ObjectRef[int] = self.control.add_rule.remote(parsed)
-        return ray.get(version)
+        return self.call_control("add_rule", int, args=(parsed,))
 
     def remove_rule(self, name: str) -> int:
+        """Remove the rule named ``name`` (none such: nothing changes); returns the rules version."""
         if not isinstance(name, str):
             raise ArgumentError("name", f"must be a rule's name (str), got {type(name).__name__}")
-        version: ray.ObjectRef[int] = self.control.remove_rule.remote(name)
-        return ray.get(version)
+        return self.call_control("remove_rule", int, args=(name,))
 
-    def read_control(
-        self, method: str, answer: type[_T], timeout: float | None = None, restart_wait_s: float = 30.0
+    def call_control(
+        self,
+        method: str,
+        answer: type[_T],
+        timeout: float | None = None,
+        restart_wait_s: float = RESTART_WAIT_S,
+        args: tuple[object, ...] = (),
     ) -> _T:
-        """A read-only call to the control actor (``holders``, ``identities``,
-        ``stats``) that rides out its restart (Ray answers ``ActorUnavailableError``
-        while it comes back); ``timeout`` bounds each attempt. ``answer``: the
-        type of its answer (what the control actor's method returns)."""
-        deadline = time.monotonic() + restart_wait_s
-        while True:
-            try:
-                return cast(_T, ray.get(getattr(self.control, method).remote(), timeout=timeout))
-            except ray.exceptions.ActorUnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        """A call to the control actor that rides out its restart after a crash
+        (``raykv.core.restarting``): only for reads (``holders``, ``identities``,
+        ``stats``) and calls that name what they set (``add_rule``, ``remove_rule``).
+        ``timeout`` bounds each attempt; ``answer``: the type the method returns."""
+        answered = get_riding_out_restart(lambda: getattr(self.control, method).remote(*args), timeout, restart_wait_s)
+        return cast(_T, answered)
 
     def holders(self, timeout: float | None = None) -> list[HolderInfo]:
         """Every announced holder (tier and engine-cache actors)."""
-        return self.read_control("holders", list[HolderInfo], timeout)
+        return self.call_control("holders", list[HolderInfo], timeout)
 
     def register_identity(self, identity: KVIdentity) -> None:
         """Announce an engine's KV identity to the control actor (once per process, and
@@ -308,11 +307,11 @@ class RaykvServices:
 
     def identities(self, timeout: float | None = None) -> dict[str, KVIdentity]:
         """Announced KV identities: tag (hex) -> identity."""
-        return self.read_control("identities", dict[str, KVIdentity], timeout)
+        return self.call_control("identities", dict[str, KVIdentity], timeout)
 
     def control_stats(self, timeout: float | None = None) -> ControlStats:
         """The control actor's calls, rules version and holder count."""
-        return self.read_control("stats", ControlStats, timeout)
+        return self.call_control("stats", ControlStats, timeout)
 
     def invalidate(self, model: str, revision: str | None = None, timeout: float = 60.0) -> Invalidation:
         """Drop every block of the identities of ``model`` (of one ``revision``
@@ -390,6 +389,7 @@ def kill_named_actors(namespace: str) -> list[str]:
         if actor is not None:
             ray.kill(actor)
             killed.append(name)
+    drop_rules(namespace)  # a stopped raykv forgets its run-time rules: the next start has its config's
     return killed
 
 
@@ -454,8 +454,7 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     ensure_ray(address)
     ns = config.namespace
     control = named_actor(ControlActor, naming.CONTROL_ACTOR, ns, config)
-    running_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
-    running = ray.get(running_ref)
+    running: RaykvConfig = get_riding_out_restart(control.config.remote)
     differences = _config_differences(running, config)
     if differences:
         logger.warning(
@@ -529,8 +528,7 @@ def attach(
         raise RaykvError(
             f"raykv is not running in Ray namespace {namespace!r}: run `raykv start` (or raykv.start()) first"
         )
-    config_ref: ray.ObjectRef[RaykvConfig] = control.config.remote()
-    config = ray.get(config_ref)
+    config: RaykvConfig = get_riding_out_restart(control.config.remote)
     shards = []
     for i in range(config.directory_shards):
         shard = find_actor(naming.directory_shard(i), namespace)

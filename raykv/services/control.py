@@ -27,6 +27,7 @@ from raykv.metrics import status_log
 from raykv.policy import PolicyRule
 from raykv.policy.messages import RulesAnswer
 from raykv.services.messages import ControlStats
+from raykv.services.rules_store import RulesCheckpoint, load_rules, save_rules
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,17 @@ class ControlActor:
         if self._rules:
             self._version = 1
         self._incarnation = uuid.uuid4().hex
-        #: Restarted by Ray after a crash: engines may give back the rules added at run time
-        #: (``restore_rules``) until an operator changes the rules here.
-        self._restorable = ray.get_runtime_context().was_current_actor_reconstructed
+        reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        kept = load_rules(config.namespace) if reconstructed else None
+        if kept is not None:  # restarted after a crash: the rules as they were (``rules_store``)
+            self._rules, self._version = dict(kept.rules), kept.version
+        else:
+            self._keep_rules()  # a fresh start: what a restart will start from
+        #: Restarted by Ray after a crash: engines may give back rules newer than those kept
+        #: (``restore_rules``), with the operator's changes made here since replayed over them.
+        self._restorable = reconstructed
+        self._changed_since_restart: dict[str, PolicyRule | None] = {}  # name -> rule (None: removed)
+        self._restored_version = self._version if kept is not None else 0  # the newest taken back
         self._status_log = status_log.spawn(self.status_line, interval_s=float(config.status_log_s))
         self._shard_keeper = asyncio.get_running_loop().create_task(self._keep_shards())
 
@@ -91,23 +100,30 @@ class ControlActor:
     async def add_rule(self, rule: PolicyRule) -> int:
         """Add (or replace, by name) a policy rule; returns the new rules version."""
         self.calls["add_rule"] += 1
-        self._restorable = False
         name = rule.name or f"rule-{len(self._rules)}"
         self._rules[name] = dataclasses.replace(rule, name=name)
+        if self._restorable:
+            self._changed_since_restart[name] = self._rules[name]
         return self._bump()
 
     async def remove_rule(self, name: str) -> int:
         self.calls["remove_rule"] += 1
-        self._restorable = False
+        if self._restorable:  # (an engine's copy may still hold it)
+            self._changed_since_restart[name] = None
         if self._rules.pop(name, None) is not None:
             return self._bump()
         return self._version
 
     def _bump(self) -> int:
+        """A new rules version: kept for a restart, then the long polls wake."""
         self._version += 1
+        self._keep_rules()
         self._changed.set()
         self._changed = asyncio.Event()
         return self._version
+
+    def _keep_rules(self) -> None:
+        save_rules(self._config.namespace, RulesCheckpoint(self._version, dict(self._rules)))
 
     async def rules(self) -> tuple[int, list[PolicyRule]]:
         self.calls["rules"] += 1
@@ -129,17 +145,29 @@ class ControlActor:
         return RulesAnswer(self._version, list(self._rules.values()), self._incarnation)
 
     async def restore_rules(self, version: int, rules: list[PolicyRule]) -> bool:
-        """An engine's rules (``version``) from before this actor was restarted after a crash,
-        which lost the rules added at run time: taken when newer than this actor's and no
-        operator changed the rules since the restart. Whether they were taken."""
+        """An engine's rules (``version``, counted by the actor before this one was restarted
+        after a crash, which lost the rules added at run time): taken when newer than any
+        given back before, with the operator's adds and removals since the restart made
+        again over them (an operator's change wins). Whether they were taken."""
         self.calls["restore_rules"] += 1
-        if not self._restorable or version <= self._version:
+        if not self._restorable or version <= self._restored_version:
             return False
-        self._rules = {rule.name or f"rule-{i}": rule for i, rule in enumerate(rules)}
-        self._version = version - 1
+        self._restored_version = version
+        taken = {rule.name or f"rule-{i}": rule for i, rule in enumerate(rules)}
+        for name, rule in self._changed_since_restart.items():
+            if rule is None:
+                taken.pop(name, None)
+            else:
+                taken[name] = rule
+        self._rules = taken
+        self._version = max(self._version, version)  # newer than every engine's copy and this actor's
         self._bump()
         logger.warning(
-            "control actor restarted: took back %d policy rule(s), version %d, from an engine", len(rules), version
+            "control actor restarted: took back %d policy rule(s), version %d, from an engine, "
+            "with %d change(s) made here since",
+            len(rules),
+            version,
+            len(self._changed_since_restart),
         )
         return True
 

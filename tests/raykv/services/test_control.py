@@ -12,6 +12,8 @@ from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from raykv.policy import PolicyRule
+from raykv.services.rules_store import drop_rules
 from tests.waiting import wait_until
 
 NS = "raykv-control-test"
@@ -34,6 +36,12 @@ def _restarted(actor) -> bool:
 
 def _holder_ids(services) -> set[str]:
     return {h.holder_id for h in services.holders()}
+
+
+def test_a_control_actor_that_did_not_restart_takes_no_rules_back(services):
+    rule = PolicyRule.from_dict({"name": "given", "tier": "*", "policy": "REQUEST_LEVEL"}, "rule")
+    assert ray.get(services.control.restore_rules.remote(100, [rule])) is False
+    assert ray.get(services.control.rules.remote()) == (0, [])
 
 
 def test_holder_leaves_when_it_dies_and_returns_when_restarted(services, tmp_path):
@@ -80,10 +88,36 @@ def test_holders_announce_again_to_a_restarted_control_actor(services, tmp_path)
             tier.shutdown()
 
 
-def test_a_control_actor_restarted_after_a_crash_gets_back_rules_and_identities(services, tmp_path):
-    """A crash (Ray restarts the control actor in place) forgets the rules added at run time
-    and the engines' identities: the engines' policy polls give them back, and the engines
-    never run without the rule meanwhile."""
+def _names(rules: list[PolicyRule]) -> list[str]:
+    return sorted(str(r.name) for r in rules)
+
+
+def _control_rules(services) -> tuple[int, list[str]]:
+    version, rules = services.call_control("rules", tuple[int, list[PolicyRule]])
+    return version, _names(rules)
+
+
+def _crash_control(services, policy, check) -> list[list[str]]:
+    """Crash the control actor (Ray restarts it in place) and wait until ``check()`` holds
+    at the restarted one; the engine's rules as seen every 50 ms meanwhile."""
+    restarts = policy.control_restarts  # (an earlier test of this module restarted it too)
+    ray.kill(services.control, no_restart=False)
+    seen: list[list[str]] = []
+
+    def restarted() -> bool:
+        seen.append(_names(policy.rules))
+        # (the kill is asynchronous: until the engine saw the restart, the old actor may answer)
+        return policy.control_restarts > restarts and check()
+
+    wait_until(restarted, timeout_s=30.0, interval_s=0.05, what="the restarted control actor")
+    assert policy.control_restarts == restarts + 1 and not policy.control_gone
+    return seen
+
+
+def test_a_control_actor_restarted_after_a_crash_keeps_rules_and_gets_back_identities(services, tmp_path):
+    """A crash (Ray restarts the control actor in place with only its config): the rules
+    added at run time come back from the GCS with their version, the engines' identities
+    from the engines' policy polls, and the engines never run without the rule."""
     with PrimaryRegion(4, 4096) as region:
         tier = TierFactory.create_tier({"type": "fs", "root": str(tmp_path)}, region.view, services=services)
         try:
@@ -92,33 +126,62 @@ def test_a_control_actor_restarted_after_a_crash_gets_back_rules_and_identities(
             policy = services.policy
             version = services.add_rule({"name": "crash", "tier": "*", "policy": "REQUEST_LEVEL"})
             assert policy.wait_version(version, timeout=10)
-            fresh = ray.get(services.control.restore_rules.remote(version + 5, []))
-            assert fresh is False  # a control actor that did not restart takes nothing
-
-            restarts = policy.control_restarts  # (an earlier test of this module restarted it too)
-            ray.kill(services.control, no_restart=False)  # a crash: Ray restarts it, empty
-            seen: list[list[str | None]] = []
-
-            def restored() -> bool:
-                seen.append([r.name for r in policy.rules])
-                got = ray.get(services.control.rules.remote(), timeout=30)
-                return got[0] == version and [r.name for r in got[1]] == ["crash"] and tag in services.identities()
-
-            wait_until(
-                restored,
-                timeout_s=30.0,
-                interval_s=0.05,
-                ignore=(ray.exceptions.RayActorError,),  # (ActorUnavailableError while it restarts)
-                what="the rules and identity given back",
-            )
-            assert policy.control_restarts == restarts + 1 and not policy.control_gone
-            assert all(names == ["crash"] for names in seen), seen  # the engine kept the rule throughout
-            # An operator's change after the restart wins over any engine's older copy.
+            seen = _crash_control(services, policy, lambda: tag in services.identities())
+            assert _control_rules(services) == (version, ["crash"])  # kept, version and all
+            assert all(names == ["crash"] for names in seen), seen
+            # The versions count on: the engine follows the next change at once.
             assert services.remove_rule("crash") == version + 1
-            assert ray.get(services.control.restore_rules.remote(version + 5, [])) is False
             assert policy.wait_version(version + 1, timeout=10) and policy.rules == []
         finally:
             tier.shutdown()
+
+
+def test_rules_the_gcs_lost_are_given_back_by_the_engines_under_later_changes(services):
+    """The fallback when the GCS did not keep the rules (its write failed): each engine's
+    policy poll gives back the rules it holds, and the operator's changes at the restarted
+    actor are made again over any copy given back after them."""
+    policy = services.policy
+    version = services.add_rule({"name": "lost", "tier": "*", "policy": "REQUEST_LEVEL"})
+    assert policy.wait_version(version, timeout=10)
+    drop_rules(NS)  # as if the GCS write had failed
+    seen = _crash_control(services, policy, lambda: _control_rules(services) == (version + 1, ["lost"]))
+    assert all(names == ["lost"] for names in seen), seen
+    (lost,) = policy.rules
+    assert services.remove_rule("lost") == version + 2
+    assert services.add_rule({"name": "late", "tier": "*", "policy": "CHUNK_LEVEL"}) == version + 3
+    # Another engine's newer copy (from before the crash) comes back after those changes.
+    other = PolicyRule.from_dict({"name": "other", "tier": "*", "policy": "REQUEST_LEVEL"}, "rule")
+    assert ray.get(services.control.restore_rules.remote(version + 2, [lost, other])) is True
+    assert _control_rules(services) == (version + 4, ["late", "other"])
+    assert ray.get(services.control.restore_rules.remote(version + 2, [lost])) is False  # not newer
+    assert policy.wait_version(version + 4, timeout=10) and _names(policy.rules) == ["late", "other"]
+    services.remove_rule("late")
+    assert services.remove_rule("other") == version + 6 and policy.wait_version(version + 6, timeout=10)
+
+
+def test_rules_change_while_the_control_actor_restarts(services):
+    """``add_rule`` and ``remove_rule`` made as the control actor crashes: Ray answers a
+    call in flight at the crash with ``ActorUnavailableError`` (6 in 8 here without the
+    retry), maybe after the old actor made it. Each names what it sets, so it is made
+    again at the restarted actor, and what an answered call set is kept."""
+    policy = services.policy
+    names = [f"mid-restart-{i}" for i in range(3)]
+    for name in names:
+        ray.kill(services.control, no_restart=False)
+        assert isinstance(services.add_rule({"name": name, "tier": "*", "policy": "REQUEST_LEVEL"}), int)
+    wait_until(
+        lambda: _names(policy.rules) == names and _control_rules(services)[1] == names,
+        timeout_s=20.0,
+        what="every rule at the control actor and the engine",
+    )
+    for name in names:
+        ray.kill(services.control, no_restart=False)
+        assert isinstance(services.remove_rule(name), int)
+    wait_until(
+        lambda: policy.rules == [] and _control_rules(services)[1] == [],
+        timeout_s=20.0,
+        what="every removal at the control actor and the engine",
+    )
 
 
 def test_rules_readers_show_the_version_engines_hold(services):
@@ -149,3 +212,21 @@ def test_starting_again_with_other_settings_keeps_the_running_ones_and_names_eac
     with caplog.at_level("WARNING", logger="raykv.services.cluster"):
         raykv.start({"namespace": NS, "directory_shards": 2, "holder_reconcile_s": 0.5})  # the same: nothing to say
     assert not [r for r in caplog.records if "already runs" in r.getMessage()]
+
+
+def test_tiers_and_engines_started_while_the_control_actor_restarts_work(services, tmp_path):
+    """A tier actor's start-up and an engine's attach read the namespace's config from the
+    control actor: made as it crashes, they wait out its restart instead of failing."""
+    for i in range(3):
+        ray.kill(services.control, no_restart=False)
+        with PrimaryRegion(4, 4096) as region:
+            tier = TierFactory.create_tier(
+                {"type": "fs", "root": str(tmp_path / str(i))}, region.view, services=services
+            )
+            try:
+                keys = prefix_keys(list(range(40)), 10)
+                assert TierDriver(tier).store(keys, [0, 1, 2, 3]).success
+            finally:
+                tier.shutdown()
+        ray.kill(services.control, no_restart=False)
+        assert raykv.start({"namespace": NS, "directory_shards": 2}).config.namespace == NS

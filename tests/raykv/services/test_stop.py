@@ -8,6 +8,7 @@ import ray
 import raykv
 from raykv.core import naming
 from raykv.ops.cli import main
+from raykv.services.rules_store import load_rules
 from tests.waiting import wait_until
 
 
@@ -29,13 +30,21 @@ def test_stop_where_nothing_runs_says_so_and_exits_0(ray_local, capsys) -> None:
 
 def test_stop_kills_every_actor_of_a_running_raykv(ray_local) -> None:
     namespace = "raykv-stop-running"
-    raykv.start({"namespace": namespace, "directory_shards": 2, "tiers": [{"type": "object_store"}]})
+    config = {"namespace": namespace, "directory_shards": 2, "tiers": [{"type": "object_store"}]}
+    services = raykv.start(config)
     started = _raykv_actors(namespace)
     node = ray.get_runtime_context().get_node_id()
     assert {naming.CONTROL_ACTOR, naming.directory_shard(1), naming.object_store_actor(node)} <= started, started
+    version = services.add_rule({"name": "run-time", "tier": "*", "policy": "REQUEST_LEVEL"})
+    assert load_rules(namespace) is not None and load_rules(namespace).version == version  # kept for a crash
     stopped = raykv.stop(namespace)
     assert stopped.was_running and stopped.leftovers == ()
     wait_until(lambda: not _raykv_actors(namespace), timeout_s=20.0, what="raykv's actors to go")
+    # A stopped raykv forgets its run-time rules: the next start has its config's.
+    assert load_rules(namespace) is None
+    again = raykv.start(config)
+    assert ray.get(again.control.rules.remote()) == (0, [])
+    raykv.stop(namespace)
 
 
 def test_stop_after_the_control_actor_died_kills_what_is_left(ray_local) -> None:
