@@ -32,6 +32,16 @@ from raykv.services.rules_store import RulesCheckpoint, load_rules, save_rules
 logger = logging.getLogger(__name__)
 
 
+def _hold(rules: dict[str, PolicyRule], rule: PolicyRule) -> str:
+    """Put ``rule`` in ``rules`` under its name (replacing a rule of that name), or under the
+    first free ``rule-N`` when it has none (never another rule's); the name."""
+    name, n = rule.name, len(rules)
+    while not name:
+        name, n = (f"rule-{n}" if f"rule-{n}" not in rules else ""), n + 1
+    rules[name] = dataclasses.replace(rule, name=name)
+    return name
+
+
 @ray.remote(num_cpus=0, max_restarts=-1)
 class ControlActor:
     """Named ``raykv-control``: the source of truth engines attach to."""
@@ -48,8 +58,7 @@ class ControlActor:
         self._identities: dict[str, KVIdentity] = {}
         self.calls: Counter[str] = Counter()
         for i, raw in enumerate(config.rules):
-            rule = PolicyRule.from_dict(raw, f"rules[{i}]")
-            self._rules[rule.name or f"rule-{i}"] = rule
+            _hold(self._rules, PolicyRule.from_dict(raw, f"rules[{i}]"))
         if self._rules:
             self._version = 1
         self._incarnation = uuid.uuid4().hex
@@ -100,8 +109,7 @@ class ControlActor:
     async def add_rule(self, rule: PolicyRule) -> int:
         """Add (or replace, by name) a policy rule; returns the new rules version."""
         self.calls["add_rule"] += 1
-        name = rule.name or f"rule-{len(self._rules)}"
-        self._rules[name] = dataclasses.replace(rule, name=name)
+        name = _hold(self._rules, rule)
         if self._restorable:
             self._changed_since_restart[name] = self._rules[name]
         return self._bump()
@@ -153,12 +161,14 @@ class ControlActor:
         if not self._restorable or version <= self._restored_version:
             return False
         self._restored_version = version
-        taken = {rule.name or f"rule-{i}": rule for i, rule in enumerate(rules)}
-        for name, rule in self._changed_since_restart.items():
-            if rule is None:
+        taken: dict[str, PolicyRule] = {}
+        for rule in rules:
+            _hold(taken, rule)
+        for name, changed in self._changed_since_restart.items():
+            if changed is None:
                 taken.pop(name, None)
             else:
-                taken[name] = rule
+                taken[name] = changed
         self._rules = taken
         self._version = max(self._version, version)  # newer than every engine's copy and this actor's
         self._bump()

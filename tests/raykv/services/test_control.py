@@ -184,6 +184,20 @@ def test_rules_change_while_the_control_actor_restarts(services):
     )
 
 
+def test_an_unnamed_rule_never_replaces_another(services):
+    """Rules without a name are held as ``rule-N``, the first such name no rule has."""
+    assert _control_rules(services)[1] == []
+    services.add_rule({"tier": "*", "policy": "REQUEST_LEVEL"})
+    services.add_rule({"tier": "*", "match": {"tenant": "second"}})
+    assert _control_rules(services)[1] == ["rule-0", "rule-1"]
+    services.remove_rule("rule-0")
+    services.add_rule({"tier": "*", "match": {"tenant": "third"}})  # was held as rule-1, replacing the second
+    version, rules = services.call_control("rules", tuple[int, list[PolicyRule]])
+    assert sorted((r.name, r.tenant) for r in rules) == [("rule-1", "second"), ("rule-2", "third")]
+    services.remove_rule("rule-1")
+    assert services.remove_rule("rule-2") == version + 2
+
+
 def test_rules_readers_show_the_version_engines_hold(services):
     policy = services.policy
     assert policy.wait_version(0, timeout=30)
