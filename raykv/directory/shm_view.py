@@ -56,8 +56,11 @@ FP_CACHE_KEYS = 262_144
 READ_TRIES = 4
 #: Then, while the writer is still mid-change, the reader yields its CPU and tries again for
 #: up to this long: a big change (a growing table), or a writer descheduled mid-change on a
-#: busy host, lasts longer than four tries, and giving up costs the engine a directory call.
-READ_WAIT_NS = 200_000
+#: busy host, lasts longer than four tries. Giving up costs the engine a call to the agent,
+#: the writer's own process, and a wait of up to ``lookup_wait_ms`` (5 ms by default) that
+#: ends in a RETRY when that process is still descheduled: a wait as long costs no more.
+#: 200 us was too short: a 2-core host running vLLM deschedules the agent for milliseconds.
+READ_WAIT_NS = 5_000_000
 
 
 def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
@@ -203,6 +206,7 @@ class ViewReader:
         self.reads = 0
         self.retries = 0
         self._busy = False  # the last read found the writer mid-change
+        self._given_up_seq = -1  # the mid-change sequence a read waited out in vain
         self._fps: dict[bytes, int] = {}
 
     def _attach(self) -> bool:
@@ -283,7 +287,12 @@ class ViewReader:
             self.retries += 1
             attempt += 1
             if attempt >= READ_TRIES:
-                if not self._busy or time.perf_counter_ns() - since > READ_WAIT_NS:
+                if not self._busy:
+                    return
+                # A change already waited out in vain (a writer stuck mid-change) is not waited for again.
+                seq_now = self._hdr[_SEQ] if self._hdr is not None else -1
+                if seq_now == self._given_up_seq or time.perf_counter_ns() - since > READ_WAIT_NS:
+                    self._given_up_seq = seq_now
                     return
                 os.sched_yield()
 
