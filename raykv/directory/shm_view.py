@@ -25,15 +25,18 @@ vLLM recomputes; it never serves other bytes.
 from __future__ import annotations
 
 import hashlib
+import logging
 import mmap
 import os
 import pickle
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
+from raykv.core.logs import Throttled
 from raykv.core.wire import HolderInfo
 from raykv.directory.fingerprint import fingerprint, fingerprints
 from raykv.directory.fptable import BUCKET, FingerprintTable
@@ -61,6 +64,14 @@ READ_TRIES = 4
 #: ends in a RETRY when that process is still descheduled: a wait as long costs no more.
 #: 200 us was too short: a 2-core host running vLLM deschedules the agent for milliseconds.
 READ_WAIT_NS = 5_000_000
+#: Why a read was given up (``ViewReader.gave_up``'s keys), in words for the warning.
+_WHY = {
+    "stale": "its agent has not beaten for 5 s",
+    "busy": "its agent was mid-change for longer than a reader waits: a busy host?",
+    "remap": "its table was replaced as it was read",
+    "decode": "its holder table could not be read",
+}
+_unread = Throttled(logging.getLogger(__name__))
 
 
 def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
@@ -206,6 +217,9 @@ class ViewReader:
         self.reads = 0
         self.retries = 0
         self._busy = False  # the last read found the writer mid-change
+        self._why = ""  # why the last _begin could not read
+        #: Reads given up, per reason (``_WHY``); with no view at all: ``no view``.
+        self.gave_up: Counter[str] = Counter()
         self._given_up_seq = -1  # the mid-change sequence a read waited out in vain
         self._fps: dict[bytes, int] = {}
 
@@ -252,20 +266,26 @@ class ViewReader:
         return True
 
     def _begin(self) -> int | None:
-        """The sequence to check against, with table and decode table current (None: not now)."""
+        """The sequence to check against, with table and decode table current (None: not
+        now, and ``_why`` says why)."""
         self._busy = False
+        self._why = "no view"
         if not self._attach():
             return None
         hdr = self._hdr
         assert hdr is not None
+        self._why = "stale"
         if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:  # (a writer that died mid-change, too)
             return None
         seq = hdr[_SEQ]
+        self._why = "busy"
         self._busy = bool(seq & 1)
         if self._busy:
             return None
+        self._why = "remap"
         if hdr[_GEN] != self._gen and not self._remap(hdr[_GEN], hdr[_BUCKETS]):
             return None
+        self._why = "decode"
         if hdr[_VERSION] != self._decode_version and not self._decode(hdr[_VERSION]):
             return None
         self._complete = bool(hdr[_COMPLETE])
@@ -281,20 +301,33 @@ class ViewReader:
             seq = self._begin()
             if seq is not None:
                 yield seq
-                self._busy = True  # the caller's read was torn: the writer is mid-change
+                self._busy, self._why = True, "busy"  # the caller's read was torn: the writer is mid-change
             elif self._hdr is None:
+                self.gave_up["no view"] += 1  # no agent (yet): not worth a warning
                 return
             self.retries += 1
             attempt += 1
             if attempt >= READ_TRIES:
                 if not self._busy:
+                    self._give_up()
                     return
                 # A change already waited out in vain (a writer stuck mid-change) is not waited for again.
                 seq_now = self._hdr[_SEQ] if self._hdr is not None else -1
                 if seq_now == self._given_up_seq or time.perf_counter_ns() - since > READ_WAIT_NS:
                     self._given_up_seq = seq_now
+                    self._give_up()
                     return
                 os.sched_yield()
+
+    def _give_up(self) -> None:
+        """Count (and say, at most every 10 s per reason) a read the view could not answer."""
+        self.gave_up[self._why] += 1
+        _unread.warning(
+            "raykv: the node's directory view %s could not be read (%s): this engine asks the node's agent instead",
+            self.path,
+            _WHY.get(self._why, self._why),
+            key=self._why,
+        )
 
     def _holders(self, set_id: int) -> list[HolderInfo] | None:
         return self._by_set[set_id] if set_id < len(self._by_set) else None

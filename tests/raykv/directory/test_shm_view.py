@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -10,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+from raykv.core.logs import Throttled
 from raykv.core.wire import HolderInfo
 from raykv.directory import shm_view
 from raykv.directory.fingerprint import fingerprints, to_blob
@@ -118,7 +120,7 @@ def test_reads_never_see_a_half_made_change(shared):
         sys.setswitchinterval(switch)
 
 
-def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch):
+def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch, caplog):
     """A change that outlasts the reader's quick tries (a growing table, a writer descheduled
     mid-change on a busy host): the reader yields and reads once the change ends, for up to
     ``READ_WAIT_NS``; past that it gives up, and the engine asks the agent."""
@@ -140,13 +142,17 @@ def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch):
         started.wait()
         return t
 
+    monkeypatch.setattr(shm_view, "_unread", Throttled(logging.getLogger(shm_view.__name__)))  # (said before?)
     t = change_for(0.3)  # far past the default wait: the reader gives up after it
     t0 = time.monotonic()
-    assert reader.lookup(keys) == [None] * 8
+    with caplog.at_level("WARNING", logger="raykv.directory.shm_view"):
+        assert reader.lookup(keys) == [None] * 8
     assert time.monotonic() - t0 < 0.1
     retries = reader.retries  # the same change again: not waited for twice
     assert reader.get(keys[0]) is None and reader.retries - retries == shm_view.READ_TRIES
     t.join()
+    assert reader.gave_up["busy"] == 2  # counted, and said once (at most every 10 s)
+    assert [r.getMessage() for r in caplog.records if "could not be read (its agent was mid-change" in r.getMessage()]
     assert reader.get(keys[0]) == [LOCAL]  # the change over: read at once
 
     monkeypatch.setattr(shm_view, "READ_WAIT_NS", 5_000_000_000)  # longer than this test's change
@@ -165,7 +171,9 @@ def test_a_silent_writer_is_not_trusted(shared, monkeypatch):
     view.register(0, "local", to_blob(fingerprints(keys)))
     assert reader.get(keys[0]) == [LOCAL]
     monkeypatch.setattr(shm_view, "STALE_NS", -1)  # as if its last heartbeat were long ago
+    stale = reader.gave_up["stale"]
     assert reader.get(keys[0]) is None and reader.lookup(keys) == [None] * 3
+    assert reader.gave_up["stale"] == stale + 2
     # A writer that died mid-change: not waited for (a change in progress is, for a while).
     monkeypatch.setattr(shm_view, "READ_WAIT_NS", 5_000_000_000)
     with view.change():
