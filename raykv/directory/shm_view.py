@@ -267,26 +267,26 @@ class ViewReader:
 
     def _begin(self) -> int | None:
         """The sequence to check against, with table and decode table current (None: not
-        now, and ``_why`` says why)."""
+        now, and ``_why`` says why: set on the failed paths only, off the read's hot path)."""
         self._busy = False
-        self._why = "no view"
         if not self._attach():
+            self._why = "no view"
             return None
         hdr = self._hdr
         assert hdr is not None
-        self._why = "stale"
         if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:  # (a writer that died mid-change, too)
+            self._why = "stale"
             return None
         seq = hdr[_SEQ]
-        self._why = "busy"
         self._busy = bool(seq & 1)
         if self._busy:
+            self._why = "busy"
             return None
-        self._why = "remap"
         if hdr[_GEN] != self._gen and not self._remap(hdr[_GEN], hdr[_BUCKETS]):
+            self._why = "remap"
             return None
-        self._why = "decode"
         if hdr[_VERSION] != self._decode_version and not self._decode(hdr[_VERSION]):
+            self._why = "decode"
             return None
         self._complete = bool(hdr[_COMPLETE])
         return seq
@@ -312,7 +312,8 @@ class ViewReader:
                     self._give_up()
                     return
                 # A change already waited out in vain (a writer stuck mid-change) is not waited for again.
-                seq_now = self._hdr[_SEQ] if self._hdr is not None else -1
+                assert self._hdr is not None  # (only a mapped view is found mid-change)
+                seq_now = self._hdr[_SEQ]
                 if seq_now == self._given_up_seq or time.perf_counter_ns() - since > READ_WAIT_NS:
                     self._given_up_seq = seq_now
                     self._give_up()

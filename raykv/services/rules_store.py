@@ -39,15 +39,13 @@ def _key(namespace: str) -> str:
     return f"control-rules/{namespace}"
 
 
-def save_rules(namespace: str, checkpoint: RulesCheckpoint) -> bool:
-    """Write ``checkpoint`` for ``namespace``; whether it was written (a GCS error is
-    logged: the engines' give-back, ``restore_rules``, is then what a restart has)."""
+def save_rules(namespace: str, checkpoint: RulesCheckpoint) -> None:
+    """Write ``checkpoint`` for ``namespace`` (a GCS error is logged: the engines'
+    give-back, ``restore_rules``, is then what a restart has)."""
     try:
         internal_kv._internal_kv_put(_key(namespace), pickle.dumps(checkpoint), True, namespace=KV_NAMESPACE)
-        return True
     except Exception as e:  # the GCS busy or restarting
         logger.warning("could not keep raykv's policy rules v%d in the GCS: %r", checkpoint.version, e)
-        return False
 
 
 def load_rules(namespace: str) -> RulesCheckpoint | None:
