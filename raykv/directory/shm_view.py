@@ -148,6 +148,15 @@ class ViewWriter:
             if self._depth == 0:
                 self._hdr[_SEQ] += 1
 
+    def publish_from(
+        self, decode_table: Callable[[], tuple[int, dict[int, HolderInfo], list[tuple[int, ...]]]]
+    ) -> None:
+        """Publish ``decode_table()`` (version, holders, sets) as each change ends, and once now:
+        until a first table is out, readers could decode no entry and gave every read up."""
+        self.before_end = lambda: self.publish_decode(*decode_table())
+        with self.changing():
+            pass
+
     def set_complete(self, complete: bool) -> None:
         """Whether readers may take a key the view does not list as held by nobody."""
         if bool(self._hdr[_COMPLETE]) != complete:
@@ -286,7 +295,8 @@ class ViewReader:
             self._why = "remap"
             return None
         if hdr[_VERSION] != self._decode_version and not self._decode(hdr[_VERSION]):
-            self._why = "decode"
+            self._busy = hdr[_SEQ] != seq  # torn by a change begun meanwhile: wait it out
+            self._why = "busy" if self._busy else "decode"
             return None
         self._complete = bool(hdr[_COMPLETE])
         return seq

@@ -33,7 +33,7 @@ class CountingClient:
 def setup(tmp_path):
     writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
     view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
-    writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
+    writer.publish_from(lambda: (view.version, *view.decode_table()))
     view.slot(0, OS)
     client = CountingClient()
     cache = LookupCache(client, ttl_s=0.5, view=ViewReader(writer.path))

@@ -27,7 +27,7 @@ REMOTE = HolderInfo("remote", "object_store", "PLASMA", "b", "ns", node_id="node
 def shared(tmp_path):
     writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
     view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
-    writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
+    writer.publish_from(lambda: (view.version, *view.decode_table()))
     yield writer, view, ViewReader(writer.path)
     writer.close()
 
@@ -182,6 +182,52 @@ def test_a_silent_writer_is_not_trusted(shared, monkeypatch):
         assert time.monotonic() - t0 < 1.0
 
 
+def test_a_fresh_view_is_read_before_its_first_change(tmp_path):
+    """An agent that has changed nothing yet (no engine stored or asked anything): its view
+    is read, and answers like an empty one; no read is given up. Before the first decode
+    table was published with the view, every read was given up ("decode")."""
+    writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
+    view = NodeView(
+        "node-a", allocate=writer.allocate, changing=writer.changing, all_keys=True, on_complete=writer.set_complete
+    )
+    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    reader = ViewReader(writer.path)
+    try:
+        assert reader.lookup(_keys(3)) == [None] * 3 and reader.reads == 1
+        view.complete = True  # every holder read (none): absent is an answer
+        assert reader.lookup(_keys(3)) == [[]] * 3
+        assert reader.gave_up == {} and reader.retries == 0
+    finally:
+        writer.close()
+
+
+def test_a_holder_table_torn_by_changes_is_read_again(shared, monkeypatch):
+    """A decode table read while changes went on (a busy writer, a big table) fails to
+    unpickle: the reader reads again, as it does for any read a change tore, rather than
+    giving up after its quick tries as if the table were unreadable."""
+    _, view, reader = shared
+    view.slot(0, LOCAL)
+    keys = _keys(4)
+    view.register(0, "local", to_blob(fingerprints(keys)))
+    view.slot(0, REMOTE)  # a new holder: a new decode table, not yet read by this reader
+    view.register(0, "remote", to_blob(fingerprints(keys[:1])))
+    loads, tears = shm_view.pickle.loads, []
+
+    def loads_torn_by_changes(data: bytes) -> object:
+        if len(tears) < 2 * shm_view.READ_TRIES:  # a change came and went during each of these reads
+            tears.append(data)
+            with view.change():
+                pass
+            raise EOFError("torn")
+        return loads(data)
+
+    monkeypatch.setattr(shm_view.pickle, "loads", loads_torn_by_changes)
+    found = reader.lookup(keys)
+    assert found[0] is not None and sorted(h.holder_id for h in found[0]) == ["local", "remote"]
+    assert found[1:] == [[LOCAL]] * 3
+    assert reader.gave_up == {} and reader.retries == 2 * shm_view.READ_TRIES
+
+
 def test_no_view_means_ask(tmp_path):
     reader = ViewReader(view_path("ns", "nowhere", str(tmp_path)))
     assert reader.lookup(_keys(3)) == [None] * 3 and reader.get(b"x" * 40) is None
@@ -216,7 +262,7 @@ def test_a_complete_view_answers_nobody_for_what_it_does_not_list(tmp_path):
         all_keys=True,
         on_complete=writer.set_complete,
     )
-    writer.before_end = lambda: writer.publish_decode(view.version, *view.decode_table())
+    writer.publish_from(lambda: (view.version, *view.decode_table()))
     reader = ViewReader(writer.path)
     try:
         view.slot(0, REMOTE)
