@@ -88,6 +88,8 @@ class HolderReady:
     requested_capacity_bytes: int
     #: The tier's own description (node, root, ...), for status and logs.
     details: Report = field(default_factory=dict)
+    #: The settings it runs with (the tier's frozen dataclass; None: the tier has none).
+    settings: object | None = None
 
 
 @dataclass(frozen=True)

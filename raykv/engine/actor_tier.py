@@ -6,12 +6,13 @@ attach to raykv's services, answer ``lookup`` from the process's
 key (``raykv.core.placement.LoadPlanner``: one rule), count jobs and metrics,
 report KV events from the holder's log (``HoldingsPage``s), and start or find
 the holder actor (``start_holder_actor``: wait for its ``HolderReady``, warn on
-a capacity mismatch). ``ActorCallTier`` turns each job's ``StoreAnswer`` /
+settings that differ from those asked). ``ActorCallTier`` turns each job's ``StoreAnswer`` /
 ``LoadAnswer`` into its result. A tier adds its data path and ``can_load``;
 the messages are ``raykv.core.wire``'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -49,25 +50,49 @@ from raykv.services.cluster import RaykvServices, attach
 logger = logging.getLogger(__name__)
 
 
-def start_holder_actor(actor: HolderHandle, what: str, requested_capacity: int, timeout: float) -> HolderReady:
-    """Wait until a holder actor (just started, or found running) is
-    ready; returns its ``ready()`` answer. ``RaykvError`` when it does not
-    start; a warning when it runs with another capacity than asked for."""
+def start_holder_actor(
+    actor: HolderHandle, what: str, requested_capacity: int, timeout: float, settings: object | None = None
+) -> HolderReady:
+    """Wait until a holder actor (just started, or found running) is ready; returns
+    its ``ready()`` answer. ``RaykvError`` when it does not start; a warning naming
+    each setting it runs with other than asked (``settings``: the tier's dataclass;
+    without it, the capacity alone): a running actor keeps its own."""
     try:
         ready = ray.get(actor.ready.remote(), timeout=timeout)
     except Exception as e:
         raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
     if not isinstance(ready, HolderReady):
         raise RaykvError(f"{what} answered ready() with a {type(ready).__name__}, not a HolderReady")
-    if ready.requested_capacity_bytes != requested_capacity:
+    differences = setting_differences(ready.settings, settings)
+    if not differences and ready.requested_capacity_bytes != requested_capacity:
+        differences = [_difference("capacity_bytes", ready.requested_capacity_bytes, requested_capacity)]
+    if differences:
         logger.warning(
-            "%s already runs with capacity_bytes=%d; keeping it (asked for %d)",
+            "%s already runs with other settings: %s; keeping them (to change them: `raykv stop`, then `raykv start`)",
             what,
-            ready.requested_capacity_bytes,
-            requested_capacity,
+            "; ".join(differences),
         )
     warn_if_capped(what, ready)
     return ready
+
+
+def setting_differences(running: object, asked: object) -> list[str]:
+    """Each field of ``asked`` (a dataclass) that ``running`` (one of the same type) has
+    otherwise, as ``"name running (asked value)"``; none when either is not such a dataclass."""
+    if not dataclasses.is_dataclass(asked) or type(running) is not type(asked):
+        return []
+    return [
+        _difference(f.name, getattr(running, f.name), getattr(asked, f.name))
+        for f in dataclasses.fields(asked)
+        if getattr(running, f.name) != getattr(asked, f.name)
+    ]
+
+
+def _difference(name: str, running: object, asked: object) -> str:
+    def say(value: object) -> str:
+        return fmt_bytes(value) if name.endswith("_bytes") and isinstance(value, int) else repr(value)
+
+    return f"{name} {say(running)} (asked {say(asked)})"
 
 
 def warn_if_capped(what: str, ready: HolderReady) -> None:

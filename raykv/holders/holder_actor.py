@@ -317,7 +317,13 @@ class HolderActor(WatchableActor):
             capacity_bytes=self.occupancy()[2],
             requested_capacity_bytes=self.requested_capacity,
             details=self.describe(),
+            settings=self.started_with(),
         )
+
+    def started_with(self) -> object | None:
+        """The settings it was started with (its tier's frozen dataclass; None: the tier has
+        none): ``ready()`` reports them, and a starter that asked for others hears which differ."""
+        return None
 
     def tier_stats(self) -> Report:
         """The tier's own figures for ``stats`` (override)."""

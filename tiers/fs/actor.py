@@ -164,6 +164,9 @@ class FsRootActor(HolderActor):
     def occupancy(self) -> tuple[int, int, int]:
         return len(self.index), self.index.bytes, self.index.capacity
 
+    def started_with(self) -> FsRootSettings:
+        return self.settings
+
     def describe(self) -> Report:
         return {"root": self.root}
 

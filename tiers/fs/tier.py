@@ -151,7 +151,7 @@ class FsTier(DirectoryBackedTier):
             raise ConfigError("root", problem)
         actor = start_root_actor(settings, services.namespace)
         what = f"fs tier root {settings.root!r}: the root actor"
-        cls.start_holder_actor(actor, what, settings.capacity_bytes, timeout=300)
+        cls.start_holder_actor(actor, what, settings.capacity_bytes, 300, settings)
         return actor
 
     # -- contract ------------------------------------------------------------

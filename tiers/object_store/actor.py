@@ -128,6 +128,9 @@ class ObjectStoreActor(IndexCalls, ReplicateCalls, HolderActor):
         index = self.packs.index
         return len(index), index.used, index.capacity
 
+    def started_with(self) -> ObjectStoreSettings:
+        return self.settings
+
     def describe(self) -> Report:
         return {
             "node_id": self.node_id,

@@ -28,14 +28,13 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.core.contract import ReqContext, TransferJob, check_primary_holds_a_block
-from raykv.core.errors import RaykvError
 from raykv.core.fields import bytes_option, namespace_option, opt
 from raykv.core.identity import KVIdentity
 from raykv.core.keys import OffloadKey
 from raykv.core.pins import PinBatch, Unpin, cache_ttl_of, max_pinned_fraction_option
 from raykv.core.tenants import tenant_of, tenant_quotas_option
-from raykv.core.wire import PLASMA, HolderInfo, HolderReady
-from raykv.engine.actor_tier import ActorCallTier, warn_if_capped
+from raykv.core.wire import PLASMA, HolderInfo
+from raykv.engine.actor_tier import ActorCallTier
 from raykv.engine.polling import ActorLiveness
 from raykv.engine.primary import RegionHandle, describe_region
 from raykv.holders.messages import HolderStats
@@ -142,23 +141,20 @@ class ObjectStoreTier(ActorCallTier):
         cls, services: RaykvServices, options: ObjectStoreOptions, node_id: str, timeout: float = 120.0
     ) -> ActorHandle:
         """Start (or find) ``node_id``'s object store actor and wait until it is ready."""
-        actor = start_actor(node_id, services.namespace, options.actor_settings())
-        cls.start_holder_actor(
-            actor, f"object_store tier: the actor of node {node_id}", options.capacity_bytes, timeout
-        )
+        settings = options.actor_settings()
+        actor = start_actor(node_id, services.namespace, settings)
+        what = f"object_store tier: the actor of node {node_id}"
+        cls.start_holder_actor(actor, what, options.capacity_bytes, timeout, settings)
         return actor
 
     @classmethod
     def start_services(cls, services: RaykvServices, options: ObjectStoreOptions) -> list[ActorHandle]:
         """Start one object store actor per alive node; returns their handles."""
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-        actors = [start_actor(node, services.namespace, options.actor_settings()) for node in nodes]
-        try:
-            readies: list[HolderReady] = ray.get([a.ready.remote() for a in actors], timeout=120)
-        except Exception as e:
-            raise RaykvError(f"object_store tier: node actors did not start: {e}") from e
-        for node, ready in zip(nodes, readies):
-            warn_if_capped(f"object_store tier on node {node}", ready)
+        settings = options.actor_settings()
+        actors = [start_actor(node, services.namespace, settings) for node in nodes]
+        for node, actor in zip(nodes, actors):  # all start at once; one found running keeps its settings
+            cls.start_holder_actor(actor, f"object_store tier on node {node}", options.capacity_bytes, 120.0, settings)
         return actors
 
     # -- contract ------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_start_holder_actor_returns_holder_ready(ray_local, caplog) -> None:
     assert DirectoryBackedTier.start_holder_actor(_ready_actor(ready), "the actor", 1 << 20, 10) == ready
     with caplog.at_level(logging.WARNING, logger="raykv.engine.actor_tier"):
         assert DirectoryBackedTier.start_holder_actor(_ready_actor(ready), "the actor", 2 << 20, 10) == ready
-    assert "already runs with capacity_bytes=1048576" in caplog.text
+    assert "the actor already runs with other settings: capacity_bytes 1.0 MiB (asked 2.0 MiB)" in caplog.text
     with pytest.raises(RaykvError, match="answered ready\\(\\) with a dict, not a HolderReady"):
         DirectoryBackedTier.start_holder_actor(_ready_actor({"requested_capacity_bytes": 1}), "the actor", 1, 10)
 

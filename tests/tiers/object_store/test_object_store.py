@@ -323,3 +323,38 @@ def test_start_warns_when_a_node_caps_the_capacity(ray_local, caplog):
         assert [h.tier_type for h in services.holders()] == ["object_store"]  # it runs, capped
     finally:
         services.shutdown()
+
+
+def test_start_again_with_other_tier_settings_names_each_kept(ray_local, caplog, tmp_path):
+    """``raykv start`` again with a tier's settings changed (an operator edits the config
+    and runs it again): the running actors keep theirs, and the warning names each
+    setting that differs. Before, the object store tier said nothing at all."""
+    ns = "raykv-restart-settings"
+    first = {"namespace": ns, "tiers": [{"type": "object_store", "capacity_bytes": "64MiB", "max_pack_bytes": "8MiB"}]}
+    fs = {"type": "fs", "root": str(tmp_path), "capacity_bytes": "1GiB"}
+    services = raykv.start({**first, "tiers": [*first["tiers"], fs]})
+    try:
+        caplog.set_level("WARNING", logger="raykv")
+        raykv.start({**first, "tiers": [*first["tiers"], fs]})  # the same again: nothing to say
+        assert not [r for r in caplog.records if "already runs" in r.getMessage()], caplog.text
+        raykv.start(
+            {
+                "namespace": ns,
+                "tiers": [
+                    {"type": "object_store", "capacity_bytes": "128MiB", "max_pack_bytes": "8MiB"},
+                    {**fs, "capacity_bytes": "2GiB", "tenant_quotas": {"a": "1GiB"}},
+                ],
+            }
+        )
+        said = [r.getMessage() for r in caplog.records if "already runs" in r.getMessage()]
+        assert len(said) == 2, caplog.text
+        assert said[0].startswith("object_store tier on node ") and said[0].endswith(
+            "already runs with other settings: capacity_bytes 64.0 MiB (asked 128.0 MiB); keeping them "
+            "(to change them: `raykv stop`, then `raykv start`)"
+        ), said[0]
+        assert "capacity_bytes 1.0 GiB (asked 2.0 GiB); tenant_quotas {} (asked {'a': 1073741824})" in said[1]
+        (store,) = [h for h in services.holders() if h.tier_type == "object_store"]
+        actor = ray.get_actor(store.actor_name, namespace=ns)
+        assert ray.get(actor.ready.remote()).requested_capacity_bytes == 64 << 20  # kept
+    finally:
+        services.shutdown()
