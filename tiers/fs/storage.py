@@ -49,6 +49,22 @@ def is_uri(root: str) -> bool:
     return "://" in root
 
 
+#: Seconds the GCS client retries a failing call before it gives up. Its own default (pyarrow 26)
+#: is 15 minutes: a bucket that cannot be reached (no credentials, no network) hung ``raykv
+#: start`` and every job of the tier that long. A cache retries for seconds, then misses. A root
+#: URI that sets ``retry_limit_seconds`` itself keeps its own.
+GCS_RETRY_LIMIT_S = 15
+
+
+def bounded_uri(uri: str) -> str:
+    """``uri`` as handed to ``pyarrow.fs.FileSystem.from_uri``: a GCS URI gets
+    ``retry_limit_seconds`` (``GCS_RETRY_LIMIT_S``) unless it has its own."""
+    scheme = uri.partition("://")[0].lower()
+    if scheme not in ("gs", "gcs") or "retry_limit_seconds=" in uri.partition("?")[2]:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}retry_limit_seconds={GCS_RETRY_LIMIT_S}"
+
+
 def canonical_root(root: str) -> str:
     """The one spelling of ``root`` used for actor names and holder ids.
 
@@ -520,7 +536,7 @@ class ArrowStorage(Storage):
 
         self._pafs = pafs
         if filesystem is None:
-            self.fs, base = pafs.FileSystem.from_uri(root)
+            self.fs, base = pafs.FileSystem.from_uri(bounded_uri(root))
         else:
             self.fs, base = filesystem, root
         super().__init__(base.rstrip("/") or base, algo)

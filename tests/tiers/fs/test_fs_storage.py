@@ -121,3 +121,32 @@ def test_local_files_are_owner_only(tmp_path):
     assert os.stat(p).st_mode & 0o777 == 0o600
     assert os.stat(os.path.dirname(p)).st_mode & 0o777 == 0o700
     assert os.stat(str(tmp_path / "kv")).st_mode & 0o777 == 0o700
+
+
+def test_gcs_uris_get_a_retry_limit_unless_they_set_their_own():
+    from tiers.fs.storage import GCS_RETRY_LIMIT_S, bounded_uri
+
+    limit = f"retry_limit_seconds={GCS_RETRY_LIMIT_S}"
+    assert bounded_uri("gs://bucket/kv") == f"gs://bucket/kv?{limit}"
+    assert bounded_uri("GCS://bucket/kv?anonymous=true") == f"GCS://bucket/kv?anonymous=true&{limit}"
+    assert bounded_uri("gs://bucket/kv?retry_limit_seconds=120") == "gs://bucket/kv?retry_limit_seconds=120"
+    for other in ("s3://bucket/kv", "file:///mnt/kv", "mock:///kv", "/mnt/kv"):
+        assert bounded_uri(other) == other
+
+
+@pytest.mark.timeout(120)
+def test_a_gcs_root_that_does_not_answer_fails_within_the_retry_limit(monkeypatch):
+    """A bucket the host cannot reach (no credentials or no network, as here): pyarrow's GCS
+    client retried each call for 15 minutes, so `raykv start` with such a root hung that long.
+    Now its scan (the root actor's first call) gives up after the retry limit, or, where GCS
+    does answer (a GCP host), returns: either way in seconds."""
+    from tiers.fs import storage
+
+    monkeypatch.setattr(storage, "GCS_RETRY_LIMIT_S", 2)
+    gcs = ArrowStorage("gs://raykv-test-no-such-bucket-7f3a/kv")
+    t0 = time.monotonic()
+    try:
+        gcs.scan()
+    except OSError:  # the usual outcome: no token could be had within the retry limit
+        pass
+    assert time.monotonic() - t0 < 60
