@@ -287,7 +287,7 @@ def _tmp_name(key: bytes) -> str:
 
 # ---------------------------------------------------------------------------
 class LocalStorage(Storage):
-    """A POSIX directory: plain os calls, zero extra copies."""
+    """A POSIX directory: plain os calls, no copy beyond the one into or out of the caller's buffer."""
 
     local = True
 

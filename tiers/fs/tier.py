@@ -1,8 +1,9 @@
 """``FsTier``: the engine-side client of a shared-storage root.
 
-Runs in the engine's scheduler process. Block bytes go straight between the
-primary region and block files (``storage``) on an I/O thread pool where loads
-are served ahead of stores (``io_pool``); only keys and sizes go to the root's
+Runs in the engine's scheduler process. Block bytes go between the primary
+region and block files (``storage``) on an I/O thread pool where loads are
+served ahead of stores (``io_pool``), through a staging buffer per thread, so
+that a job can fail at its deadline whatever its storage does (``deadlines``); only keys and sizes go to the root's
 actor (``actor.FsRootActor``), in one call per batch from a control thread (``control.RootController``):
 
 - store job: write every missing block file (atomic, checksummed, optionally
@@ -14,8 +15,8 @@ actor (``actor.FsRootActor``), in one call per batch from a control thread (``co
   failure is reported, so the next lookup already misses.
 
 Nothing here blocks the scheduler thread, and every job ends in exactly one
-JobResult: I/O errors, a dead root actor, timeouts and shutdown all become
-failed results.
+JobResult: I/O errors, a dead root actor, timeouts (``job_timeout_s``: storage
+that does not answer) and shutdown all become failed results.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import errno
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 import ray
@@ -45,10 +47,11 @@ from tiers.fs import format as fmt
 from tiers.fs import io_pool
 from tiers.fs.actor import holder_info, start_root_actor
 from tiers.fs.control import CallFailed, RootController
+from tiers.fs.deadlines import Deadlines
 from tiers.fs.format import FormatError
 from tiers.fs.jobs import CORRUPT, ERROR, EXISTING, MISSING, OK, WRITTEN, BlockJob, Outcome
 from tiers.fs.messages import DEFAULT_CAPACITY_BYTES, CommitReport, FsRootSettings
-from tiers.fs.storage import canonical_root, check_root, open_storage, root_problem_here
+from tiers.fs.storage import Storage, canonical_root, check_root, open_storage, root_problem_here
 
 
 @dataclass
@@ -77,6 +80,14 @@ class FsOptions:
     )
     control_timeout_s: float = opt(
         30.0, kind=float, min=0.1, max=86400.0, doc="longest wait for the root actor before a job fails"
+    )
+    job_timeout_s: float = opt(
+        30.0,
+        kind=float,
+        min=0.1,
+        max=86400.0,
+        doc="longest a store or load job waits for the storage: past it the job fails, and while its "
+        "I/O still waits (a hung mount) the tier loads nothing and fails new jobs at once",
     )
     tenant_quotas: dict = tenant_quotas_option(
         "bytes of block files under the root", "Set when the root's actor starts"
@@ -120,6 +131,7 @@ class FsTier(DirectoryBackedTier):
         self._slots = arr
         self.actor = self.start_services(self.services, options)
         self._closed = False
+        self._deadlines = Deadlines(options.job_timeout_s, f"root {self.root}", self._slots.shape[1])
         self._pool = io_pool.IoPool(options.io_threads, name="raykv-fs-io")
         self._control = RootController(
             self.actor,
@@ -156,10 +168,12 @@ class FsTier(DirectoryBackedTier):
 
     # -- contract ------------------------------------------------------------
     def can_load(self, holder: HolderInfo) -> bool:
-        return holder.holder_id == self.holder_id and self.holder_alive
+        return holder.holder_id == self.holder_id and self.holder_alive and not self._deadlines.stalled
 
     def poll_jobs(self) -> None:
-        """Nothing to poll: I/O threads and the control thread finish jobs."""
+        """End the jobs past their deadline (I/O threads and the control thread end the rest)."""
+        for state, store in self._deadlines.overdue():
+            (self._store_written if store else self._load_done)(state)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Mark keys used; a request with ``cache_ttl_s`` pins them (or extends their pins)."""
@@ -184,27 +198,40 @@ class FsTier(DirectoryBackedTier):
             keys, chunks = self.job_slots(job)
             if self._closed:
                 raise RuntimeError("fs tier is shut down")
-            state = BlockJob(job, keys, chunks)
+            if self._deadlines.stalled:
+                raise RuntimeError(f"the storage stalls: {self._deadlines.stalled} I/O calls wait past job_timeout_s")
+            state = BlockJob(job, keys, chunks, self._deadlines.deadline())
             if not keys:
                 self.jobs.succeed(job, transfer_bytes=0)
                 return
+            self._deadlines.add(state, store)
             run = self._store_one if store else self._load_one
             tasks = [(partial(run, state, i), partial(self._cancelled, state, i, store)) for i in range(len(keys))]
             self._pool.submit_many(io_pool.STORE if store else io_pool.LOAD, tasks)
         except Exception as e:
             self.jobs.fail(job, f"cannot submit: {e!r}")
 
-    def _slot(self, chunk: int) -> memoryview:
+    def _slot(self, chunk: int) -> np.ndarray:
         if not 0 <= chunk < self.num_chunks:
             raise IndexError(f"chunk id {chunk} out of range [0, {self.num_chunks})")
-        return memoryview(self._slots[chunk])
+        return self._slots[chunk]
 
     def _cancelled(self, state: BlockJob, i: int, store: bool) -> None:
-        if state.done(i, Outcome(ERROR, detail="tier shut down")):
+        self._block_done(state, i, Outcome(ERROR, detail="tier shut down"), store)
+
+    def _block_done(self, state: BlockJob, i: int, outcome: Outcome, store: bool) -> None:
+        """Block ``i``'s outcome; the job's last one ends it (an expired job ended at its deadline)."""
+        last = state.done(i, outcome)
+        if last is None:
+            self._deadlines.returned_late()
+        elif last:
+            self._deadlines.ended(state)
             (self._store_written if store else self._load_done)(state)
 
     # -- stores ----------------------------------------------------------------
     def _store_one(self, state: BlockJob, i: int) -> None:
+        if not state.start(i):
+            return  # the job expired while this block waited for a thread
         key = state.keys[i]
         try:
             slot = self._slot(state.chunks[i])
@@ -212,11 +239,14 @@ class FsTier(DirectoryBackedTier):
             if size is not None:
                 outcome = Outcome(EXISTING, size)
             else:
-                outcome = Outcome(WRITTEN, self.storage.store(key, slot, self.options.fsync))
+                buf = self._deadlines.staging()
+                if not state.with_slots(partial(np.copyto, buf, slot)):
+                    outcome = Outcome(ERROR, detail="job expired")
+                else:
+                    outcome = Outcome(WRITTEN, self.storage.store(key, buf.data, self.options.fsync))
         except Exception as e:
             outcome = Outcome(ERROR, detail=_err(e))
-        if state.done(i, outcome):
-            self._store_written(state)
+        self._block_done(state, i, outcome, store=True)
 
     def _store_written(self, state: BlockJob) -> None:
         """All of a job's files are written (or failed): commit what is there."""
@@ -259,17 +289,21 @@ class FsTier(DirectoryBackedTier):
 
     # -- loads -----------------------------------------------------------------
     def _load_one(self, state: BlockJob, i: int) -> None:
+        if not state.start(i):
+            return  # the job expired while this block waited for a thread
         key = state.keys[i]
         try:
-            outcome = Outcome(OK, self.storage.load(key, self._slot(state.chunks[i])))
+            buf, slot = self._deadlines.staging(), self._slot(state.chunks[i])
+            n = self.storage.load(key, buf.data)
+            copied = state.with_slots(partial(np.copyto, slot, buf))
+            outcome = Outcome(OK, n) if copied else Outcome(ERROR, detail="job expired")
         except FileNotFoundError as e:
             outcome = Outcome(MISSING, detail=_err(e))
         except FormatError as e:
             outcome = Outcome(CORRUPT, detail=str(e))
         except Exception as e:
             outcome = Outcome(ERROR, detail=_err(e))
-        if state.done(i, outcome):
-            self._load_done(state)
+        self._block_done(state, i, outcome, store=False)
 
     def _load_done(self, state: BlockJob) -> None:
         ok = state.with_kind(OK)
@@ -289,16 +323,8 @@ class FsTier(DirectoryBackedTier):
     def _finish_load_failure(self, state: BlockJob, bad: list[int], err: str | None) -> None:
         """The job's bad files were removed through the actor (``err``: it could not)."""
         corrupt = [i for i in bad if state.outcomes[i].kind == CORRUPT]
-        if err is not None and corrupt:
-            keys = [state.keys[i] for i in corrupt]
-            self.storage.delete(keys)  # the actor could not: do it ourselves (and say so)
-            self.removals.note(
-                CORRUPT,
-                [
-                    Removal(k.hex(), self.storage.path_of(k), state.outcomes[i].detail[:200])
-                    for k, i in zip(keys, corrupt)
-                ],
-            )
+        if err is not None and corrupt:  # the actor could not: do it ourselves (and say so)
+            _remove_corrupt(self.storage, self.removals, state, corrupt)
         ok = state.with_kind(OK)
         orig = list(state.job.keys)
         failed = [i for i, o in enumerate(state.outcomes) if o.kind != OK]
@@ -308,18 +334,12 @@ class FsTier(DirectoryBackedTier):
     # -- lifecycle -------------------------------------------------------------
     def stats(self) -> HolderStats:
         """The root actor's stats (blocking; tools and tests): the tier's own in ``figures``."""
-        answer = ray.get(self.actor.stats.remote(), timeout=self.options.control_timeout_s)
-        if not isinstance(answer, HolderStats):
-            raise TypeError(f"fs root actor answered stats with {type(answer).__name__}")
-        return answer
+        return _answer("stats", self.actor.stats.remote(), HolderStats, self.options.control_timeout_s)
 
     def unpin(self, which: Unpin) -> int:
         """Drop the pins ``which`` names at the root's actor (blocking; tools):
         the files then age under LRU. How many were unpinned."""
-        answer = ray.get(self.actor.unpin.remote(which), timeout=self.options.control_timeout_s)
-        if not isinstance(answer, int):
-            raise TypeError(f"fs root actor answered unpin with {type(answer).__name__}")
-        return answer
+        return _answer("unpin", self.actor.unpin.remote(which), int, self.options.control_timeout_s)
 
     def shutdown(self) -> None:
         if self._closed:
@@ -332,6 +352,27 @@ class FsTier(DirectoryBackedTier):
         self.removals.close()
         for job in self.jobs.pending():
             self.jobs.fail(job, "fs tier shut down")
+
+
+_T = TypeVar("_T")
+
+
+def _answer(what: str, ref: ray.ObjectRef[object], expected: type[_T], timeout: float) -> _T:
+    """The root actor's answer to a blocking call (tools), checked to be an ``expected``."""
+    answer = ray.get(ref, timeout=timeout)
+    if not isinstance(answer, expected):
+        raise TypeError(f"fs root actor answered {what} with {type(answer).__name__}")
+    return answer
+
+
+def _remove_corrupt(storage: Storage, removals: RemovalLog, state: BlockJob, corrupt: list[int]) -> None:
+    """Delete the job's ``corrupt`` block files from this engine, counted and logged."""
+    keys = [state.keys[i] for i in corrupt]
+    storage.delete(keys)
+    removals.note(
+        CORRUPT,
+        [Removal(k.hex(), storage.path_of(k), state.outcomes[i].detail[:200]) for k, i in zip(keys, corrupt)],
+    )
 
 
 def _err(e: BaseException) -> str:

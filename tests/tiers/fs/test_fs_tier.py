@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -646,4 +647,87 @@ def test_pins_survive_a_flood_are_capped_unpin_and_go_with_their_identity(raykv_
         figures = stats()
         assert figures["files"] == 0 and figures["pinned_blocks"] == 0
         assert not os.path.exists(_path(root, pinned[0]))
+        tier.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_load_the_storage_never_answers_fails_at_its_deadline(raykv_services, tmp_path):
+    """A block file whose read blocks (a FIFO: ``open`` waits for a writer, as reads wait on
+    a hung NFS mount). The load job fails at ``job_timeout_s`` with the blocks read in time
+    loaded; while the read waits, the tier loads nothing and fails new jobs at once; the read
+    that returns late lands in no primary slot (vLLM reuses a failed job's slots). Before,
+    the job, and the vLLM request waiting on it, waited for as long as the storage did."""
+    root = tmp_path / "kv"
+    keys = _keys(3)
+    with PrimaryRegion(8, BLOCK) as src, PrimaryRegion(8, BLOCK) as dst:
+        _fill(src, 7)
+        writer = _tier(raykv_services, root, src.view)
+        assert TierDriver(writer).store(keys, [0, 1, 2]).success
+        hung = _path(root, keys[1])
+        os.unlink(hung)
+        os.mkfifo(hung, 0o600)
+        reader = _tier(raykv_services, root, dst.view, job_timeout_s=1.0)
+        t0 = time.monotonic()
+        (res,) = _run_jobs(reader, [("load", keys, [3, 4, 5])])
+        assert 1.0 <= time.monotonic() - t0 < 5.0
+        assert not res.success and list(res.successful_keys) == [keys[0], keys[2]], res.error
+        assert "no answer from the storage within job_timeout_s=1s" in res.error
+        assert np.array_equal(dst.array[3], src.array[0]) and np.array_equal(dst.array[5], src.array[2])
+
+        assert reader._deadlines.stalled == 1 and not reader.can_load(reader.holder_info)
+        (refused,) = _run_jobs(reader, [("load", keys[:1], [6])])
+        assert not refused.success and "the storage stalls: 1 I/O calls wait" in refused.error
+
+        with open(hung, "wb") as f:  # a writer at last: the blocked read returns (with junk)
+            f.write(b"junk")
+        wait_until(lambda: reader._deadlines.stalled == 0, timeout_s=10, what="the late read to return")
+        assert reader.can_load(reader.holder_info)
+        (again,) = _run_jobs(reader, [("load", [keys[0], keys[2]], [6, 7])])
+        assert again.success, again.error
+
+        # A read that returns late with good bytes: they land in no slot.
+        load, hang = reader.storage.load, threading.Event()
+
+        def hung_load(key: bytes, payload: memoryview) -> int:
+            hang.wait(60)
+            return load(key, payload)
+
+        reader.storage.load = hung_load
+        (res,) = _run_jobs(reader, [("load", keys[2:], [4])])
+        assert not res.success and reader._deadlines.stalled == 1
+        dst.array[4] = 0xAB  # the failed job's slot, reused by vLLM
+        hang.set()
+        wait_until(lambda: reader._deadlines.stalled == 0, timeout_s=10, what="the late read to return")
+        assert (dst.array[4] == 0xAB).all(), "a read that returned after its job failed wrote into the slot"
+        reader.shutdown()
+        writer.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_store_the_storage_never_answers_fails_and_writes_only_the_bytes_it_had(raykv_services, tmp_path):
+    """A store whose write blocks (the storage's ``store`` call waits, as a write to a
+    hung mount does): the job fails at ``job_timeout_s``; vLLM then reuses its slots, and
+    the write that goes on later still writes the bytes the slot held while the job lived."""
+    keys = _keys(2)
+    with PrimaryRegion(4, BLOCK) as src:
+        _fill(src, 9)
+        original = src.array[1].copy()
+        tier = _tier(raykv_services, tmp_path / "kv", src.view, job_timeout_s=1.0)
+        store, hang = tier.storage.store, threading.Event()
+
+        def hung_store(key: bytes, payload: memoryview, fsync: bool) -> int:
+            if key == scoped_keys(keys[1:])[0]:
+                hang.wait(60)
+            return store(key, payload, fsync)
+
+        tier.storage.store = hung_store
+        (res,) = _run_jobs(tier, [("store", keys, [0, 1])])
+        assert not res.success and list(res.successful_keys) == [keys[0]], res.error
+        assert tier._deadlines.stalled == 1
+        src.array[1] = 0xCD  # vLLM reuses the slot for another block
+        hang.set()
+        wait_until(lambda: tier._deadlines.stalled == 0, timeout_s=10, what="the late write to return")
+        buf = np.empty(BLOCK, np.uint8)
+        tier.storage.load(scoped_keys(keys[1:])[0], buf.data)  # the file the late write left
+        assert np.array_equal(buf, original), "a write that went on after its job failed wrote the new bytes"
         tier.shutdown()
