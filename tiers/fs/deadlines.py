@@ -10,9 +10,10 @@ the job ends with a failed result at once.
 vLLM reuses a failed job's primary slots, so a thread that returns late must not touch
 them: I/O goes through a staging buffer of the thread's own, copied to or from the slot
 only while the job lives (``BlockJob.with_slots``). A late load's bytes go nowhere; a
-late store writes what the slot held while the job lived. While any thread is late the
-tier is ``stalled``: it loads nothing and fails new jobs at once (misses, not waits),
-until those threads return.
+late store writes what the slot held while the job lived. Once every I/O thread is late
+(a hung mount blocks them all within one job) the tier is ``stalled``: it loads nothing
+and fails new jobs at once (misses, not waits) until a thread returns. A thread or two
+late on a file of their own (one bad file) leave the others at work.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ _expired = Throttled(logger)
 class Deadlines:
     """An fs tier's jobs in flight, in deadline order, and its I/O threads running late."""
 
-    def __init__(self, timeout_s: float, where: str, block_bytes: int) -> None:
+    def __init__(self, timeout_s: float, where: str, block_bytes: int, threads: int) -> None:
         self.timeout_s = timeout_s
+        self.threads = threads
         self.where = where
         self.block_bytes = block_bytes
         self._lock = threading.Lock()
@@ -78,12 +80,12 @@ class Deadlines:
                 self.expired += 1
             _expired.warning(
                 "raykv fs tier %s: a %s job had no answer from the storage within job_timeout_s=%gs "
-                "(%d I/O calls still waiting: a hung mount?); the job fails, and while those calls wait "
+                "(%d of its I/O threads waiting: a hung mount?); the job fails, and while all of them wait "
                 "this engine loads nothing from the root and fails new jobs at once",
                 self.where,
                 "store" if store else "load",
                 self.timeout_s,
-                late,
+                self._late,
                 key=f"expired {self.where}",
             )
             out.append((state, store))
@@ -92,15 +94,26 @@ class Deadlines:
     def returned_late(self) -> None:
         """An I/O call of an expired job returned."""
         with self._lock:
+            was = self.stalled
             self._late -= 1
-            late = self._late
-        if late == 0:
+            now = self.stalled
+        if was and not now:
             logger.warning("raykv fs tier %s: the storage answers again; the tier loads and stores again", self.where)
 
     @property
-    def stalled(self) -> int:
+    def late(self) -> int:
         """I/O calls of expired jobs still waiting (0: the storage answers)."""
         return self._late
+
+    @property
+    def stalled(self) -> bool:
+        """Whether every I/O thread waits on a call of an expired job: no I/O can run now."""
+        return self._late >= self.threads
+
+    def check(self) -> None:
+        """Raise while the tier stalls: a new job then fails at once, not at its deadline."""
+        if self.stalled:
+            raise RuntimeError(f"the storage stalls: all {self._late} I/O threads wait past job_timeout_s")
 
     def staging(self) -> np.ndarray:
         """This I/O thread's buffer of one block (block I/O goes through it, never straight

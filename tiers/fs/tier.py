@@ -86,8 +86,8 @@ class FsOptions:
         kind=float,
         min=0.1,
         max=86400.0,
-        doc="longest a store or load job waits for the storage: past it the job fails, and while its "
-        "I/O still waits (a hung mount) the tier loads nothing and fails new jobs at once",
+        doc="longest a store or load job waits for the storage: past it the job fails, and while every "
+        "I/O thread waits on such a job's call (a hung mount) the tier loads nothing and fails new jobs at once",
     )
     tenant_quotas: dict = tenant_quotas_option(
         "bytes of block files under the root", "Set when the root's actor starts"
@@ -131,7 +131,9 @@ class FsTier(DirectoryBackedTier):
         self._slots = arr
         self.actor = self.start_services(self.services, options)
         self._closed = False
-        self._deadlines = Deadlines(options.job_timeout_s, f"root {self.root}", self._slots.shape[1])
+        self._deadlines = Deadlines(
+            options.job_timeout_s, f"root {self.root}", self._slots.shape[1], options.io_threads
+        )
         self._pool = io_pool.IoPool(options.io_threads, name="raykv-fs-io")
         self._control = RootController(
             self.actor,
@@ -198,8 +200,7 @@ class FsTier(DirectoryBackedTier):
             keys, chunks = self.job_slots(job)
             if self._closed:
                 raise RuntimeError("fs tier is shut down")
-            if self._deadlines.stalled:
-                raise RuntimeError(f"the storage stalls: {self._deadlines.stalled} I/O calls wait past job_timeout_s")
+            self._deadlines.check()
             state = BlockJob(job, keys, chunks, self._deadlines.deadline())
             if not keys:
                 self.jobs.succeed(job, transfer_bytes=0)
