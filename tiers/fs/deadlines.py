@@ -72,7 +72,7 @@ class Deadlines:
             jobs = [self._live.pop(key) for key in due]
         out = []
         for state, store in jobs:
-            late = state.expire(f"no answer from the storage within job_timeout_s={self.timeout_s:g}s")
+            late = state.expire(f"timed out: no answer from the storage within job_timeout_s={self.timeout_s:g}s")
             if late is None:
                 continue  # its last block was done meanwhile: it ends on its own
             with self._lock:
@@ -113,7 +113,7 @@ class Deadlines:
     def check(self) -> None:
         """Raise while the tier stalls: a new job then fails at once, not at its deadline."""
         if self.stalled:
-            raise RuntimeError(f"the storage stalls: all {self._late} I/O threads wait past job_timeout_s")
+            raise RuntimeError(f"storage unavailable: all {self._late} I/O threads wait past job_timeout_s")
 
     def staging(self) -> np.ndarray:
         """This I/O thread's buffer of one block (block I/O goes through it, never straight

@@ -18,6 +18,7 @@ from raykv.core import naming
 from raykv.core.contract import LookupResult, ReqContext, TransferJob
 from raykv.core.factory import TierFactory
 from raykv.core.identity import scoped_keys
+from raykv.core.jobs import failure_reason
 from raykv.core.keys import prefix_keys
 from raykv.core.pins import Unpin
 from raykv.engine.primary import PrimaryRegion
@@ -673,11 +674,13 @@ def test_a_load_the_storage_never_answers_fails_at_its_deadline(raykv_services, 
         assert 1.0 <= time.monotonic() - t0 < 5.0
         assert not res.success and sorted(res.successful_keys) == sorted([keys[0], keys[2]]), res.error
         assert "no answer from the storage within job_timeout_s=1s" in res.error
+        assert failure_reason(res.error) == "timeout"  # the metric's and the log's reason
         assert np.array_equal(dst.array[3], src.array[0]) and np.array_equal(dst.array[5], src.array[2])
 
         assert reader._deadlines.stalled and not reader.can_load(reader.holder_info)
         (refused,) = _run_jobs(reader, [("load", keys[:1], [6])])
-        assert not refused.success and "the storage stalls: all 1 I/O threads wait" in refused.error
+        assert not refused.success and "storage unavailable: all 1 I/O threads wait" in refused.error
+        assert failure_reason(refused.error) == "holder_unavailable"
 
         os.close(os.open(hung, os.O_WRONLY))  # a writer at last: the blocked read returns (empty)
         wait_until(lambda: not reader._deadlines.stalled, timeout_s=10, what="the late read to return")
@@ -724,6 +727,7 @@ def test_a_store_the_storage_never_answers_fails_and_writes_only_the_bytes_it_ha
         tier.storage.store = hung_store
         (res,) = _run_jobs(tier, [("store", keys[:2], [0, 1])])
         assert not res.success and list(res.successful_keys) == [keys[0]], res.error
+        assert failure_reason(res.error) == "timeout", res.error
         assert tier._deadlines.late == 1 and not tier._deadlines.stalled
         (other,) = _run_jobs(tier, [("store", keys[2:], [2])])
         assert other.success, other.error
