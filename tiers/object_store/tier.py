@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -153,8 +154,10 @@ class ObjectStoreTier(ActorCallTier):
         nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
         settings = options.actor_settings()
         actors = [start_actor(node, services.namespace, settings) for node in nodes]
-        for node, actor in zip(nodes, actors):  # all start at once; one found running keeps its settings
-            cls.start_holder_actor(actor, f"object_store tier on node {node}", options.capacity_bytes, 120.0, settings)
+        deadline = time.monotonic() + 120.0  # they start at once: one bound for all, not 120 s per node
+        for node, actor in zip(nodes, actors):  # one found running keeps its settings
+            left = max(0.1, deadline - time.monotonic())
+            cls.start_holder_actor(actor, f"object_store tier on node {node}", options.capacity_bytes, left, settings)
         return actors
 
     # -- contract ------------------------------------------------------------
