@@ -43,8 +43,6 @@ class Deadlines:
         self._live: dict[int, tuple[BlockJob, bool]] = {}  # id(state) -> (state, store), oldest first
         self._late = 0
         self._local = threading.local()
-        #: Jobs expired (tests, stats).
-        self.expired = 0
 
     def deadline(self) -> float:
         """The deadline of a job submitted now (``time.monotonic()``)."""
@@ -77,15 +75,15 @@ class Deadlines:
                 continue  # its last block was done meanwhile: it ends on its own
             with self._lock:
                 self._late += late
-                self.expired += 1
             _expired.warning(
                 "raykv fs tier %s: a %s job had no answer from the storage within job_timeout_s=%gs "
-                "(%d of its I/O threads waiting: a hung mount?); the job fails, and while all of them wait "
+                "(%d of %d I/O threads waiting: a hung mount?); the job fails, and while all of them wait "
                 "this engine loads nothing from the root and fails new jobs at once",
                 self.where,
                 "store" if store else "load",
                 self.timeout_s,
                 self._late,
+                self.threads,
                 key=f"expired {self.where}",
             )
             out.append((state, store))
