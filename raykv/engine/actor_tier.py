@@ -19,9 +19,11 @@ import time
 from abc import abstractmethod
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core.contract import (
     JobResult,
@@ -60,6 +62,10 @@ def start_holder_actor(
     try:
         ready = ray.get(actor.ready.remote(), timeout=timeout)
     except Exception as e:
+        if isinstance(e, ray.exceptions.RayTaskError):  # ready() raised: the actor lives
+            # Alive but its start-up failed: it serves nothing and would fail every later
+            # start that finds it by name; the next start (say, once storage is mounted) tries anew.
+            ray.kill(cast(ActorHandle, actor))
         raise RaykvError(f"{what} did not start: {root_cause(e)}") from e
     if not isinstance(ready, HolderReady):
         raise RaykvError(f"{what} answered ready() with a {type(ready).__name__}, not a HolderReady")

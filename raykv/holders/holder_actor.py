@@ -178,7 +178,32 @@ class WatchableActor:
 class HolderActor(WatchableActor):
     """Base of holder actors (see the module docstring). Subclasses call
     ``super().__init__`` first: the start-up task and the status log it
-    creates run once the subclass's ``__init__`` has returned."""
+    creates run once the subclass's ``__init__`` has returned, and never
+    when it raises (``__init_subclass__``)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+
+        @functools.wraps(init)
+        def init_or_abandon(self: HolderActor, *args: Any, **kw: Any) -> None:
+            # An actor whose __init__ raised is dead, but its event loop may still run the
+            # start-up task for a moment: it would announce the holder and start the node's
+            # directory agent after its starter gave up (and after a failed start's cleanup).
+            try:
+                init(self, *args, **kw)
+            except BaseException:
+                self._abandon_start()
+                raise
+
+        cls.__init__ = init_or_abandon  # type: ignore[method-assign]
+
+    def _abandon_start(self) -> None:
+        for task in (self.__dict__.get("_started"), self.__dict__.get("_status_log")):
+            if task is not None:
+                task.cancel()
 
     #: Whether the holder's blocks die with the actor (plasma objects): a
     #: restarted actor then first unregisters what its previous life held.
