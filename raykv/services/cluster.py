@@ -19,6 +19,7 @@ from ray.actor import ActorHandle
 from raykv.config.options import RaykvConfig
 from raykv.core import naming
 from raykv.core.errors import RaykvError
+from raykv.core.factory import tier_instance_key
 from raykv.core.fields import check_ray_address
 from raykv.core.identity import KVIdentity
 from raykv.core.named import find_actor, named_actor, raykv_running
@@ -453,6 +454,7 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     ensure_ray(address)
     ns = config.namespace
+    fresh = not raykv_running(ns)
     control = named_actor(ControlActor, naming.CONTROL_ACTOR, ns, config)
     running: RaykvConfig = get_riding_out_restart(control.config.remote)
     differences = _config_differences(running, config)
@@ -463,6 +465,14 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
             ns,
             "; ".join(differences),
         )
+    left_out = [_tier_name(t) for t in _tiers_not_in(running.tiers, config.tiers)]
+    if left_out:
+        logger.warning(
+            "raykv in namespace %r runs tiers this config leaves out: %s; they keep running (to stop them: "
+            "`raykv stop`, then `raykv start`)",
+            ns,
+            ", ".join(left_out),
+        )
     shards = [
         named_actor(DirectoryShard, naming.directory_shard(i), ns, i, running.directory_shards, ns)
         for i in range(running.directory_shards)
@@ -471,10 +481,58 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     services = RaykvServices(running, control, shards)
     with _lock:
         _attached[_session_key(ns)] = services
-    for i, tier in enumerate(config.tiers):
-        services.start_tier_services(tier, f"tiers[{i}]")
+    try:
+        for i, tier in enumerate(config.tiers):
+            services.start_tier_services(tier, f"tiers[{i}]")
+    except BaseException:  # Ctrl-C too: a start that failed leaves the namespace as it found it
+        if fresh:
+            _stop_after_failed_start(services)
+        raise
+    added = _tiers_not_in(config.tiers, running.tiers)
+    if added:
+        services.config = get_riding_out_restart(lambda: control.add_tiers.remote(added))
     grafana.provision()
     return services
+
+
+def _stop_after_failed_start(services: RaykvServices) -> None:
+    """Stop the services a failed first ``start`` started (the error raised says why it failed)."""
+    try:
+        services.shutdown()
+    except Exception as e:  # the start's own error matters more: say what may be left
+        logger.warning(
+            "raykv start failed, and stopping what it had started in namespace %r failed too (%r): "
+            "`raykv stop --namespace %s` stops what is left",
+            services.namespace,
+            e,
+            services.namespace,
+        )
+        return
+    logger.warning(
+        "raykv start failed: stopped what it had started in namespace %r (nothing of it is left running)",
+        services.namespace,
+    )
+
+
+def _tiers_not_in(
+    tiers: Sequence[Mapping[str, object]], others: Sequence[Mapping[str, object]]
+) -> list[dict[str, object]]:
+    """The tier configs of ``tiers`` that name no tier of ``others`` (``tier_instance_key``)."""
+    known = {_tier_key(t) for t in others}
+    return [dict(t) for t in tiers if _tier_key(t) not in known]
+
+
+def _tier_key(tier: Mapping[str, object]) -> tuple[str, object]:
+    try:
+        return tier_instance_key(tier)
+    except ConfigError:  # a running tier whose class this process cannot import: its config names it
+        return str(tier.get("type")), repr(sorted(tier.items(), key=lambda kv: kv[0]))
+
+
+def _tier_name(tier: Mapping[str, object]) -> str:
+    """A tier as an operator wrote it: its type, and its fs root when it has one."""
+    root = tier.get("root")
+    return f"{tier.get('type')} {root}" if root is not None else str(tier.get("type"))
 
 
 def _config_differences(running: RaykvConfig, asked: RaykvConfig) -> list[str]:

@@ -106,6 +106,15 @@ class ControlActor:
         self.calls["config"] += 1
         return self._config
 
+    async def add_tiers(self, tiers: list[dict[str, object]]) -> RaykvConfig:
+        """Note tiers a later ``raykv start`` started (``tiers``: its config's, already
+        running ones left out); the config with them. Lost if this actor restarts after a
+        crash: its config is then the first start's again."""
+        self.calls["add_tiers"] += 1
+        if tiers:
+            self._config = dataclasses.replace(self._config, tiers=[*self._config.tiers, *tiers])
+        return self._config
+
     async def add_rule(self, rule: PolicyRule) -> int:
         """Add (or replace, by name) a policy rule; returns the new rules version."""
         self.calls["add_rule"] += 1
