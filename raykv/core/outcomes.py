@@ -1,11 +1,36 @@
-"""An actor call's outcome, read without a ``ray.wait``: ``CallOutcome``."""
+"""Actor calls' outcomes: one read without a ``ray.wait`` (``CallOutcome``); many
+waited for under one deadline (``answers_within``)."""
 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import ray
+
+K = TypeVar("K")
+
+
+class NoAnswer(Exception):
+    """A call that had not ended when the time its caller gave it ran out."""
+
+
+def answers_within(refs: Mapping[K, ray.ObjectRef[Any]], timeout: float) -> dict[K, object]:
+    """Each call's answer, or the exception it raised (``NoAnswer``: it had not ended
+    after ``timeout`` seconds), waiting ``timeout`` for all of them together: hung
+    actors cost a tool one timeout, not one each (as a ``ray.get`` per call would)."""
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout)[0]) if refs else set()
+    out: dict[K, object] = {}
+    for key, ref in refs.items():
+        if ref not in ready:
+            out[key] = NoAnswer(f"no answer in {timeout:g} s")
+            continue
+        try:
+            out[key] = ray.get(ref, timeout=0)
+        except Exception as e:  # the call's own error (a dead actor, what it raised)
+            out[key] = e
+    return out
 
 
 class CallOutcome:

@@ -8,13 +8,15 @@ each node's metrics port); ``format_status`` prints it as tables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypedDict, cast
 
 import ray
+from ray.actor import ActorHandle
 
 from raykv.core import naming
 from raykv.core.identity import KVIdentity
+from raykv.core.outcomes import NoAnswer, answers_within
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import PENDING, HolderInfo, JsonValue, Report
 from raykv.directory.messages import AgentStats, ShardStats
@@ -169,25 +171,41 @@ def engine_hit_rates(series: list[tuple[str, dict[str, str], float]]) -> dict[st
     return out
 
 
-def _tier_row(info: HolderInfo, namespace: str, timeout: float) -> tuple[TierRow, HolderStats | None]:
-    """A holder's row (its stats too when it answers)."""
+def _ask_all(calls: list[Callable[[], ray.ObjectRef[object]]], timeout: float) -> list[object]:
+    """Send every call at once and wait ``timeout`` for all of them together
+    (``answers_within``): each answer, or the exception it raised or sending it raised."""
+    refs: dict[int, ray.ObjectRef[object]] = {}
+    failed: dict[int, object] = {}
+    for i, call in enumerate(calls):
+        try:
+            refs[i] = call()
+        except Exception as e:  # a dead actor's name: nothing to send
+            failed[i] = e
+    answers = {**answers_within(refs, timeout), **failed}
+    return [answers[i] for i in range(len(calls))]
+
+
+def _why(e: object) -> str:
+    """How a status row names an actor that did not answer."""
+    return str(e) if isinstance(e, NoAnswer) else type(e).__name__
+
+
+def _tier_row(info: HolderInfo, answer: object) -> TierRow:
+    """A holder's row, from its ``stats()`` answer (or what it raised)."""
     row = cast(TierRow, dataclasses.asdict(info))
-    try:
-        actor = ray.get_actor(info.actor_name, namespace=namespace)
-        ref: ray.ObjectRef[HolderStats] = actor.stats.remote()
-        stats = ray.get(ref, timeout=timeout)
-    except Exception as e:  # dead or unreachable holder
+    if not isinstance(answer, HolderStats):  # dead, hung or unreachable holder
         row.update(
             {
                 "alive": False,
-                "error": type(e).__name__,
+                "error": _why(answer),
                 "blocks": None,
                 "bytes_used": None,
                 "capacity_bytes": None,
                 "occupancy": None,
             }
         )
-        return row, None
+        return row
+    stats = answer
     row["alive"] = True
     row.update(_occupancy(stats.figures))
     row["stats"] = stats.report()
@@ -196,27 +214,38 @@ def _tier_row(info: HolderInfo, namespace: str, timeout: float) -> tuple[TierRow
     row["tenant_pinned_bytes"] = _counts(stats.figures.get("tenant_pinned_bytes"))
     expiries = stats.figures.get("pin_expiries")
     row["pin_expiries"] = list(expiries) if isinstance(expiries, list) else []
-    return row, stats
+    return row
 
 
-def _shard_stats(services: RaykvServices, timeout: float) -> list[ServiceRow]:
-    """One row per directory shard (a dead shard restarts and rebuilds; reported meanwhile)."""
+def _stats_of(actor: ActorHandle) -> Callable[[], ray.ObjectRef[object]]:
+    """A call of ``actor.stats()``, for ``_ask_all``."""
+
+    def call() -> ray.ObjectRef[object]:
+        ref: ray.ObjectRef[object] = actor.stats.remote()
+        return ref
+
+    return call
+
+
+def _stats_of_named(actor_name: str, namespace: str) -> Callable[[], ray.ObjectRef[object]]:
+    """A call of ``stats()`` of the actor named ``actor_name`` (found when sent)."""
+
+    def call() -> ray.ObjectRef[object]:
+        ref: ray.ObjectRef[object] = ray.get_actor(actor_name, namespace=namespace).stats.remote()
+        return ref
+
+    return call
+
+
+def _shard_stats(answers: list[object]) -> list[ServiceRow]:
+    """One row per directory shard, from its ``stats()`` answer (a dead shard restarts and
+    rebuilds; reported meanwhile)."""
     rows: list[ServiceRow] = []
-    for i, shard in enumerate(services.directory.shards):
-        name = naming.directory_shard(i)
-        try:
-            ref: ray.ObjectRef[ShardStats] = shard.stats.remote()
-            s = ray.get(ref, timeout=timeout)
-        except Exception as e:
+    for i, s in enumerate(answers):
+        if not isinstance(s, ShardStats):
+            name = naming.directory_shard(i)
             rows.append(
-                {
-                    "name": name,
-                    "kind": "directory_shard",
-                    "alive": False,
-                    "keys": 0,
-                    "holders": 0,
-                    "error": type(e).__name__,
-                }
+                {"name": name, "kind": "directory_shard", "alive": False, "keys": 0, "holders": 0, "error": _why(s)}
             )
             continue
         rows.append(
@@ -231,15 +260,12 @@ def _shard_stats(services: RaykvServices, timeout: float) -> list[ServiceRow]:
     return rows
 
 
-def _agent_rows(services: RaykvServices, timeout: float) -> list[AgentRow]:
-    """One row per node's directory agent."""
+def _agent_rows(answers: dict[str, object]) -> list[AgentRow]:
+    """One row per node's directory agent, from its ``stats()`` answer."""
     rows: list[AgentRow] = []
-    for node_id, agent in sorted(services.directory_agents().items()):
-        try:
-            ref: ray.ObjectRef[AgentStats] = agent.stats.remote()
-            a = ray.get(ref, timeout=timeout)
-        except Exception as e:
-            rows.append({"node_id": node_id, "alive": False, "error": type(e).__name__})
+    for node_id, a in sorted(answers.items()):
+        if not isinstance(a, AgentStats):
+            rows.append({"node_id": node_id, "alive": False, "error": _why(a)})
             continue
         rows.append(
             {
@@ -263,8 +289,18 @@ def _agent_rows(services: RaykvServices, timeout: float) -> list[AgentRow]:
 def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool = True) -> ClusterStatus:
     """One JSON-able picture of a namespace's raykv services and tiers."""
     ns = services.namespace
-    shards = _shard_stats(services, timeout)
     control = services.control_stats(timeout)
+    holders = sorted(services.holders(timeout), key=lambda h: (h.tier_type, str(h.node_id)))
+    agents = sorted(services.directory_agents().items())
+    # Every actor at once, under one deadline.
+    calls = [_stats_of(shard) for shard in services.directory.shards]
+    calls += [_stats_of(agent) for _, agent in agents]
+    calls += [_stats_of_named(info.actor_name, ns) for info in holders]
+    answers = _ask_all(calls, timeout)
+    n_shards, n_agents = len(services.directory.shards), len(agents)
+    shards = _shard_stats(answers[:n_shards])
+    agent_answers = {node_id: a for (node_id, _), a in zip(agents, answers[n_shards : n_shards + n_agents])}
+    holder_answers = answers[n_shards + n_agents :]
     series: list[tuple[str, dict[str, str], float]] = []
     if metrics:
         from raykv.metrics.scrape import scrape_cluster
@@ -276,8 +312,9 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     tiers: list[TierRow] = []
     pending: list[TierRow] = []
     held: list[tuple[str, HolderStats]] = []
-    for info in sorted(services.holders(timeout), key=lambda h: (h.tier_type, str(h.node_id))):
-        row, stats = _tier_row(info, ns, timeout)
+    for info, answer in zip(holders, holder_answers):
+        row = _tier_row(info, answer)
+        stats = answer if isinstance(answer, HolderStats) else None
         if info.medium == PENDING:  # no tier: blocks being computed, not held
             pending.append(row)
             continue
@@ -301,7 +338,7 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
         "ray_address": ray.get_runtime_context().gcs_address,
         "services": [control_row, *shards],
         "directory": {"shards": len(shards), "keys": sum(keys), "keys_per_shard": keys},
-        "agents": _agent_rows(services, timeout),
+        "agents": _agent_rows(agent_answers),
         "rules_version": control.rules_version,
         "tiers": tiers,
         "pending": pending,
@@ -438,6 +475,7 @@ def format_status(status: ClusterStatus) -> str:
     for s in status["services"]:
         lines.append(
             f"{s['name']:<22} {'yes' if s['alive'] else 'NO':<6} {s.get('keys', '-')!s:>8} {s.get('holders', '-')!s:>8}"
+            + (f"  {s['error']}" if s.get("error") else "")
         )
     lines += _agent_lines(status.get("agents", []))
     lines += [
@@ -458,6 +496,7 @@ def format_status(status: ClusterStatus) -> str:
             f"{fmt_bytes(_number(t.get('bytes_used'))):>10} "
             f"{fmt_bytes(cap) if cap else 'unlimited':>10} "
             f"{_pct(t.get('occupancy')):>9} {_pct(hit_rate):>9} {lookups:>8}"
+            + (f"  {t['error']}" if t.get("error") else "")
         )
     lines += _tenant_lines(status["tiers"])
     lines += _pin_lines(status["tiers"])

@@ -24,6 +24,7 @@ from raykv.core.fields import check_ray_address
 from raykv.core.identity import KVIdentity
 from raykv.core.named import find_actor, named_actor, raykv_running
 from raykv.core.node import process_node_id
+from raykv.core.outcomes import answers_within
 from raykv.core.pins import Unpin
 from raykv.core.placement import LoadPlanner
 from raykv.core.restarting import RESTART_WAIT_S, get_riding_out_restart
@@ -437,11 +438,11 @@ def invalidate_identities(services: RaykvServices, model: str, revision: str | N
             actor = find_actor(info.actor_name, services.namespace)
             if actor is not None:
                 calls[info.holder_id] = actor.drop_identities.remote([bytes.fromhex(t) for t in tags])
-        for holder_id, ref in calls.items():
-            try:
-                dropped[holder_id] = ray.get(ref, timeout=timeout)
-            except Exception as e:  # a dead holder's entries already left the directory
-                errors[holder_id] = repr(e)
+        for holder_id, answer in answers_within(calls, timeout).items():
+            if isinstance(answer, int):
+                dropped[holder_id] = answer
+            else:  # a dead holder's entries already left the directory
+                errors[holder_id] = repr(answer)
     return Invalidation(model, revision, {t: known[t] for t in tags}, dropped, errors)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import ray
 
+from raykv.core.outcomes import answers_within
 from raykv.core.pins import Unpin
 from raykv.core.wire import HolderInfo, Report
 
@@ -50,9 +51,9 @@ def unpin_everywhere(holders: Sequence[HolderInfo], namespace: str, which: Unpin
         unpin = getattr(actor, "unpin", None)  # engine caches and pending holders keep no pins
         if unpin is not None:
             calls[info.holder_id] = unpin.remote(which)
-    for holder_id, ref in calls.items():
-        try:
-            out.per_holder[holder_id] = ray.get(ref, timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - a dead holder's blocks (and pins) went with it
-            out.errors[holder_id] = repr(e)
+    for holder_id, answer in answers_within(calls, timeout).items():
+        if isinstance(answer, int):
+            out.per_holder[holder_id] = answer
+        else:  # a dead holder's blocks (and pins) went with it; a hung one's: no answer in `timeout`
+            out.errors[holder_id] = repr(answer)
     return out

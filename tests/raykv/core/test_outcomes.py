@@ -1,4 +1,5 @@
-"""An actor call's outcome is read as Ray hands it over: values, errors and deaths, no ``ray.wait``."""
+"""An actor call's outcome is read as Ray hands it over: values, errors and deaths, no ``ray.wait``;
+many calls' answers are waited for under one deadline."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 import pytest
 import ray
 
-from raykv.core.outcomes import CallOutcome, wait_all
+from raykv.core.outcomes import CallOutcome, NoAnswer, answers_within, wait_all
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -73,3 +74,22 @@ def test_wait_all_blocks_until_every_call_ended_or_the_timeout(ray_local: None) 
 @pytest.mark.parametrize("timeout_s", [0.0, 0.05])
 def test_wait_all_of_nothing_is_done(timeout_s: float) -> None:
     assert wait_all([], timeout_s)
+
+
+def test_answers_within_waits_one_timeout_for_all_the_calls_that_hang(ray_local: None) -> None:
+    actor = _Calls.remote()
+    try:
+        refs = {"value": actor.echo.remote(1), "error": actor.fail.remote()}
+        refs.update({f"hung{i}": actor.hang.remote() for i in range(3)})
+        t0 = time.monotonic()
+        answers = answers_within(refs, 0.5)
+        took = time.monotonic() - t0
+        assert 0.45 <= took < 1.4, took  # one 0.5 s timeout (a ray.get per call: 1.5 s)
+        assert answers["value"] == 1
+        assert isinstance(answers["error"], ValueError) and "refused" in str(answers["error"])
+        for i in range(3):
+            hung = answers[f"hung{i}"]
+            assert isinstance(hung, NoAnswer) and str(hung) == "no answer in 0.5 s"
+        assert answers_within({}, 1.0) == {}
+    finally:
+        ray.kill(actor)

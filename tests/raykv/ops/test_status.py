@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import socket
 import time
 
@@ -179,3 +181,36 @@ def test_status_table(filled) -> None:
     assert agent_row.split()[1] == "yes" and "2.0ms" in agent_row and agent_row.split()[3] == "asked"
     ident_row = next(line for line in table.splitlines() if line.startswith(status["identities"][0]["tag"]))
     assert " 16 " in ident_row and "default" in ident_row and "object_store 10" in ident_row
+
+
+def _pid(actor) -> int:
+    return int(ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=30))
+
+
+def test_status_asks_every_actor_at_once_so_hung_ones_cost_one_timeout(filled) -> None:
+    """Hung actors (SIGSTOP: a process stuck in a system call, a node swapping) are reported
+    as not answering, and `raykv status` waits one timeout for all of them, not one each."""
+    services, _root, _placed, _totals = filled
+    (os_info,) = [h for h in services.holders() if h.tier_type == "object_store"]
+    hung = [*services.directory.shards[1:], ray.get_actor(os_info.actor_name, namespace=NS)]
+    pids = [_pid(actor) for actor in hung]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        status = collect_status(services, timeout=2.0, metrics=False)
+        took = time.monotonic() - t0
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert took < 4.0, took  # one 2 s timeout (before: 2 s for each of the 3 hung actors)
+    rows = {s["name"]: s for s in status["services"]}
+    assert [rows[f"raykv-directory-{i}"]["alive"] for i in range(3)] == [True, False, False]
+    assert rows["raykv-directory-2"]["error"] == "no answer in 2 s"
+    tiers = {t["tier_type"]: t for t in status["tiers"]}
+    assert not tiers["object_store"]["alive"] and tiers["object_store"]["error"] == "no answer in 2 s"
+    assert tiers["fs"]["alive"] and tiers["fs"]["blocks"] == 6
+    table = format_status(status)
+    assert next(line for line in table.splitlines() if line.startswith("raykv-directory-1 ")).endswith(
+        "  no answer in 2 s"
+    )
