@@ -8,7 +8,7 @@ each node's metrics port); ``format_status`` prints it as tables.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TypedDict, cast
 
 import ray
@@ -16,6 +16,7 @@ from ray.actor import ActorHandle
 
 from raykv.core import naming
 from raykv.core.identity import KVIdentity
+from raykv.core.named import find_actor
 from raykv.core.outcomes import NoAnswer, answers_within
 from raykv.core.units import fmt_bytes
 from raykv.core.wire import PENDING, HolderInfo, JsonValue, Report
@@ -171,20 +172,6 @@ def engine_hit_rates(series: list[tuple[str, dict[str, str], float]]) -> dict[st
     return out
 
 
-def _ask_all(calls: list[Callable[[], ray.ObjectRef[object]]], timeout: float) -> list[object]:
-    """Send every call at once and wait ``timeout`` for all of them together
-    (``answers_within``): each answer, or the exception it raised or sending it raised."""
-    refs: dict[int, ray.ObjectRef[object]] = {}
-    failed: dict[int, object] = {}
-    for i, call in enumerate(calls):
-        try:
-            refs[i] = call()
-        except Exception as e:  # a dead actor's name: nothing to send
-            failed[i] = e
-    answers = {**answers_within(refs, timeout), **failed}
-    return [answers[i] for i in range(len(calls))]
-
-
 def _why(e: object) -> str:
     """How a status row names an actor that did not answer."""
     return str(e) if isinstance(e, NoAnswer) else type(e).__name__
@@ -215,26 +202,6 @@ def _tier_row(info: HolderInfo, answer: object) -> TierRow:
     expiries = stats.figures.get("pin_expiries")
     row["pin_expiries"] = list(expiries) if isinstance(expiries, list) else []
     return row
-
-
-def _stats_of(actor: ActorHandle) -> Callable[[], ray.ObjectRef[object]]:
-    """A call of ``actor.stats()``, for ``_ask_all``."""
-
-    def call() -> ray.ObjectRef[object]:
-        ref: ray.ObjectRef[object] = actor.stats.remote()
-        return ref
-
-    return call
-
-
-def _stats_of_named(actor_name: str, namespace: str) -> Callable[[], ray.ObjectRef[object]]:
-    """A call of ``stats()`` of the actor named ``actor_name`` (found when sent)."""
-
-    def call() -> ray.ObjectRef[object]:
-        ref: ray.ObjectRef[object] = ray.get_actor(actor_name, namespace=namespace).stats.remote()
-        return ref
-
-    return call
 
 
 def _shard_stats(answers: list[object]) -> list[ServiceRow]:
@@ -292,11 +259,11 @@ def collect_status(services: RaykvServices, timeout: float = 10.0, metrics: bool
     control = services.control_stats(timeout)
     holders = sorted(services.holders(timeout), key=lambda h: (h.tier_type, str(h.node_id)))
     agents = sorted(services.directory_agents().items())
-    # Every actor at once, under one deadline.
-    calls = [_stats_of(shard) for shard in services.directory.shards]
-    calls += [_stats_of(agent) for _, agent in agents]
-    calls += [_stats_of_named(info.actor_name, ns) for info in holders]
-    answers = _ask_all(calls, timeout)
+    # Every actor at once, under one deadline (a holder gone since the control actor listed it: no call).
+    actors: list[ActorHandle | None] = [*services.directory.shards, *(agent for _, agent in agents)]
+    actors += [find_actor(info.actor_name, ns) for info in holders]
+    got = answers_within({i: a.stats.remote() for i, a in enumerate(actors) if a is not None}, timeout)
+    answers = [got.get(i, ValueError("no such actor")) for i in range(len(actors))]
     n_shards, n_agents = len(services.directory.shards), len(agents)
     shards = _shard_stats(answers[:n_shards])
     agent_answers = {node_id: a for (node_id, _), a in zip(agents, answers[n_shards : n_shards + n_agents])}
