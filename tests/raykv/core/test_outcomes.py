@@ -79,6 +79,7 @@ def test_wait_all_of_nothing_is_done(timeout_s: float) -> None:
 def test_answers_within_waits_one_timeout_for_all_the_calls_that_hang(ray_local: None) -> None:
     actor = _Calls.remote()
     try:
+        assert ray.get(actor.echo.remote(0), timeout=60) == 0  # started: its start is not what is timed
         refs = {"value": actor.echo.remote(1), "error": actor.fail.remote()}
         refs.update({f"hung{i}": actor.hang.remote() for i in range(3)})
         t0 = time.monotonic()
