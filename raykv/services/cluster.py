@@ -349,6 +349,8 @@ class RaykvServices:
     def shutdown(self) -> None:
         """Kill every raykv actor of this namespace (their blocks go with them)."""
         holders = self.holders()
+        if self._policy is not None:  # stop its long poll first: it would warn that the control actor is gone
+            self._policy.close(timeout=0)
         # The control actor first: while it lives, callers start a missing shard, agent or
         # tier actor again (``raykv.directory.replaced``, ``raykv.engine.reattach``).
         ray.kill(self.control)

@@ -80,3 +80,18 @@ def test_an_engine_that_finds_no_raykv_starts_one_and_says_so(ray_local, caplog)
         assert attach(namespace, start_if_missing=True) is services  # running now: no second word
     assert not caplog.records
     raykv.stop(namespace)
+
+
+def test_the_process_that_stops_raykv_is_not_warned_that_raykv_is_gone(ray_local, caplog) -> None:
+    """The stopping process's own policy cache (its long poll of the control actor)
+    stops first: it does not warn, as an engine's does, that the control actor is gone."""
+    namespace = "raykv-stop-quiet"
+    services = raykv.start({"namespace": namespace, "directory_shards": 1})
+    services.add_rule({"name": "r", "tier": "*", "policy": "REQUEST_LEVEL"})
+    cache = services.policy
+    wait_until(lambda: cache.version >= 1, timeout_s=20.0, what="the policy cache's first answer")
+    with caplog.at_level("WARNING"):
+        services.shutdown()
+        wait_until(lambda: not _raykv_actors(namespace), timeout_s=20.0, what="raykv's actors to go")
+    assert not cache.control_gone
+    assert not [r for r in caplog.records if "control actor is gone" in r.getMessage()], caplog.text
