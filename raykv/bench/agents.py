@@ -29,6 +29,7 @@ import time
 from typing import Any, NamedTuple
 
 from raykv.bench.common import num, percentile, random_keys, section, table, target
+from raykv.core import signals
 from raykv.core.wire import JsonValue, Report
 
 KEY_BYTES = 44
@@ -232,6 +233,7 @@ def run_section(nodes: int, engines: int, shards: int, seconds: float, steps_per
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    signals.after_ray_init()
     try:
         without = _one_config("none", nodes, engines, shards, seconds, steps_per_s, window_ms)
         with_ = _one_config("all", nodes, engines, shards, seconds, steps_per_s, window_ms)

@@ -62,6 +62,7 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
+from raykv.core import signals
 from raykv.core.keys import OffloadKey
 from raykv.core.units import parse_size
 from raykv.core.validate import ArgumentError
@@ -359,14 +360,16 @@ def run(args: argparse.Namespace) -> Report:
 
     old_prealloc = os.environ.get("RAY_preallocate_plasma_memory")
     os.environ["RAY_preallocate_plasma_memory"] = "1"  # a warm arena, not first-touch faults
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 2, "object_store_memory": plasma_a, "include_dashboard": False},
-    )
+    cluster: Cluster | None = None
     try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": 2, "object_store_memory": plasma_a, "include_dashboard": False},
+        )
         if s.cross_node:
             cluster.add_node(num_cpus=1, resources={"raykv_bench_node_b": 1}, object_store_memory=plasma_b)
         ray.init(address=cluster.address, log_to_driver=False)
+        signals.after_ray_init()
         services = raykv.start({"namespace": NAMESPACE, "directory_shards": 2})
         if importer is not None:
             importer.join()
@@ -386,7 +389,8 @@ def run(args: argparse.Namespace) -> Report:
         else:
             os.environ["RAY_preallocate_plasma_memory"] = old_prealloc
         ray.shutdown()
-        cluster.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
         if args.root is None:
             shutil.rmtree(base, ignore_errors=True)
         else:  # a given root keeps only what was there before

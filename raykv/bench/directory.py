@@ -65,6 +65,7 @@ from raykv.bench.common import (
     target,
     targets_table,
 )
+from raykv.core import signals
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue, Report
 
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace) -> Report:
         include_dashboard=False,
         log_to_driver=False,
     )
+    signals.after_ray_init()
     steps = len(s.shards) * (max_keys // REGISTER_BATCH + 1 + len(s.keys) * (len(s.call_sizes) + 1)) + 1
     progress = Progress(steps, "directory", s.progress)
     configs: dict[str, Report] = {}

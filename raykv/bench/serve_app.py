@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from raykv.core import signals
 from raykv.core.wire import JsonValue
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def start_cluster(replicas: int, model: str | None = None) -> Cluster:
     for _ in range(replicas - 1):
         cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES, resources={"llm_slot": 1})
     ray.init(address=cluster.address, log_to_driver=False)
+    signals.after_ray_init()
     return cluster
 
 

@@ -19,6 +19,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raykv.core import signals
 from raykv.core.logs import LOG_LEVEL_ENV
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue
@@ -377,6 +378,7 @@ def start_local_cluster(
     for _ in range(num_nodes - 1):
         cluster.add_node(num_cpus=1, object_store_memory=object_store_mib * mib)
     ray.init(address=cluster.address, log_to_driver=False)
+    signals.after_ray_init()
     head = ray.get_runtime_context().get_node_id()
     nodes = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda n: n != head)
     return cluster, nodes

@@ -6,10 +6,12 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from raykv.config.file import load_config_file
+from raykv.core import signals
 from raykv.core.errors import RaykvError, root_cause
 from raykv.core.logs import configure_cli
 from raykv.core.units import parse_size
@@ -357,17 +359,23 @@ def _one_line(text: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. Bad input: one line on stderr, exit code 2 (as argparse's
     own errors); an unexpected error: one line, exit code 1 (its traceback with
-    ``RAYKV_DEBUG=1``). Never a bare traceback."""
+    ``RAYKV_DEBUG=1``). Never a bare traceback. Ctrl-C, SIGTERM and SIGHUP run the
+    command's clean-up, then exit with 128 + the signal's number."""
     args = build_parser().parse_args(argv)
     configure_cli()
     try:
-        return args.func(args)
+        with signals.termination_handled():
+            return args.func(args)
     except (ConfigError, RaykvError) as e:
         print(f"raykv: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("raykv: interrupted", file=sys.stderr)
-        return 130
+        sig = signals.received()
+        if sig is None:
+            print("raykv: interrupted", file=sys.stderr)
+            return 130
+        print(f"raykv: stopped by {signal.Signals(sig).name}", file=sys.stderr)
+        return 128 + sig
     except Exception as e:
         if os.environ.get(DEBUG_ENV):
             raise

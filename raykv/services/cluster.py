@@ -17,7 +17,7 @@ import ray
 from ray.actor import ActorHandle
 
 from raykv.config.options import RaykvConfig
-from raykv.core import naming
+from raykv.core import naming, signals
 from raykv.core.errors import RaykvError
 from raykv.core.factory import tier_instance_key
 from raykv.core.fields import check_ray_address
@@ -86,6 +86,7 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
     try:
         with _signals_left_alone() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)
+        signals.after_ray_init()
     except ConnectionError as e:
         raise RaykvError(
             f"no Ray cluster reachable at address={target!r}: start one with "
