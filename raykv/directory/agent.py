@@ -301,6 +301,7 @@ class DirectoryAgent:
             started_at=self.started_at,
             holder_changes=self.changes,
             view_scope="all" if view.complete else "filling" if view.all_keys else "asked",
+            view_shared=self.writer.published,
         )
 
     async def ping(self) -> bool:

@@ -131,6 +131,9 @@ class AgentStats:
     #: What the view holds: "all" (every key of the directory: a key not listed is held by
     #: nobody), "filling" (every key, not all read yet) or "asked" (own holders' and asked keys).
     view_scope: str = "asked"
+    #: Whether the node's engines read the view in ``/dev/shm`` (False: it had no room
+    #: there, and they ask the agent for every lookup).
+    view_shared: bool = True
 
     def summary(self) -> str:
         """View size, calls and lag, one line (the agent's status log)."""
@@ -138,7 +141,7 @@ class AgentStats:
         lag = "no changes yet" if p99 is None or p50 is None else f"lag p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms"
         return (
             f"directory agent of node {self.node_id[:12]}: view {self.view_keys} keys ({self.local_keys} local, "
-            f"{self.view_scope}); "
+            f"{self.view_scope}{'' if self.view_shared else ', not in /dev/shm: no room'}); "
             f"{self.lookups} engine lookups + {self.holder_changes} holder changes "
             f"-> {self.shard_calls.get('apply', 0)} shard calls; {lag}; {self.resets} resets"
         )

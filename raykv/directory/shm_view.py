@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import pickle
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -71,7 +72,12 @@ _WHY = {
     "remap": "its table was replaced as it was read",
     "decode": "its holder table could not be read",
 }
-_unread = Throttled(logging.getLogger(__name__))
+logger = logging.getLogger(__name__)
+_unread = Throttled(logger)
+
+
+class _Unpublished(Exception):
+    """The writer no longer publishes: tables go to its own memory."""
 
 
 def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
@@ -81,14 +87,47 @@ def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
 
 
 def _map(path: str, size: int, create: bool) -> mmap.mmap:
+    """Map ``path``; ``create``: a new file of ``size`` bytes whose pages are all
+    allocated now. A tmpfs that fills up (Docker's 64 MiB ``/dev/shm``, or a node's
+    whose CPU primaries take it all) then fails here with ENOSPC, where a sparse file
+    would kill its writer with SIGBUS at the first write to a page it has no room for."""
     flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC if create else os.O_RDONLY
     fd = os.open(path, flags, 0o600)
     try:
         if create:
-            os.ftruncate(fd, size)
+            try:
+                os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)
+            except OSError:
+                os.unlink(path)
+                raise
         return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if create else 0))
     finally:
         os.close(fd)
+
+
+def _retire(path: str) -> None:
+    """Mark the view at ``path`` (an earlier life's, if any) as not written any more:
+    its readers look for the new file at once instead of after ``STALE_NS``."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        if os.fstat(fd).st_size >= HEADER_BYTES:
+            with mmap.mmap(fd, HEADER_BYTES, mmap.MAP_SHARED) as mm:
+                struct.pack_into("<Q", mm, _ALIVE_NS * 8, 0)
+    finally:
+        os.close(fd)
+
+
+def _shm_space(folder: str) -> str:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return "its free space unknown"
+    mib = 1 << 20
+    return f"{st.f_bavail * st.f_frsize / mib:.0f} MiB free of {st.f_blocks * st.f_frsize / mib:.0f} MiB"
 
 
 def _table_arrays(mm: mmap.mmap, buckets: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,19 +138,38 @@ def _table_arrays(mm: mmap.mmap, buckets: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class ViewWriter:
-    """The agent's side: owns the files; ``allocate`` and ``changing`` plug into ``NodeView``."""
+    """The agent's side: owns the files; ``allocate`` and ``changing`` plug into ``NodeView``.
+
+    Where ``/dev/shm`` has no room for the view (at start, or for a larger table as it
+    grows), the writer stops publishing it (``published`` False, one warning): it
+    removes its files and keeps the view in its own memory, engines on the node ask
+    the agent for every lookup (a call each, as with ``directory_agent: false``'s
+    shards), and nothing else changes."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._header = _map(path, HEADER_BYTES + DECODE_BYTES, create=True)
+        #: Unique across the agent's lives: a reader never takes a new life's table for its old one.
+        self.generation = int.from_bytes(os.urandom(4), "little") << 24
+        self._remove_old_tables()  # (before mapping: their room is ours again)
+        #: Whether engines can read the view in ``/dev/shm`` (False once it had no room).
+        self.published = True
+        size = HEADER_BYTES + DECODE_BYTES
+        # A new file renamed over the last life's: readers that mapped that one never see it
+        # truncated (SIGBUS), only stale, and then map this one (``ViewReader``).
+        new = f"{path}.new-{os.getpid()}"
+        try:
+            self._header = _map(new, size, create=True)
+            _retire(path)
+            os.rename(new, path)
+        except OSError as e:
+            self._unlink(new)
+            self._header = mmap.mmap(-1, size)  # the agent's own memory: not /dev/shm's
+            self._stop_publishing(e)
         self._hdr = np.frombuffer(self._header, dtype=np.uint64, count=9)
         self._hdr[_PID] = os.getpid()
         self._hdr[_MAGIC] = MAGIC
         self._table: mmap.mmap | None = None
         self._depth = 0
-        #: Unique across the agent's lives: a reader never takes a new life's table for its old one.
-        self.generation = int.from_bytes(os.urandom(4), "little") << 24
-        self._remove_old_tables()
         #: Called as the outermost change ends, before readers may read (publish the decode table).
         self.before_end: Callable[[], None] | None = None
         self.beat()
@@ -125,7 +183,14 @@ class ViewWriter:
         """A new generation's zeroed arrays (``FingerprintTable``'s allocator)."""
         self.generation += 1
         path = f"{self.path}.{self.generation}"
-        mm = _map(path, buckets * BUCKET * 12, create=True)
+        try:
+            if not self.published:
+                raise _Unpublished
+            mm = _map(path, buckets * BUCKET * 12, create=True)
+        except (OSError, _Unpublished) as e:
+            if isinstance(e, OSError):
+                self._stop_publishing(e)
+            mm = mmap.mmap(-1, buckets * BUCKET * 12)
         self._unlink(f"{self.path}.{self.generation - 1}")
         self._table = mm  # the arrays below keep the old map alive while they live
         with self.changing():
@@ -165,7 +230,26 @@ class ViewWriter:
 
     def beat(self) -> None:
         """Tell readers the writer lives (the agent calls it at least every second)."""
-        self._hdr[_ALIVE_NS] = time.time_ns()
+        if self.published:
+            self._hdr[_ALIVE_NS] = time.time_ns()
+
+    def _stop_publishing(self, error: OSError) -> None:
+        """No room in ``/dev/shm``: readers that mapped the view see it stale and ask the
+        agent; its files go (the maps keep their pages while mapped)."""
+        folder = os.path.dirname(self.path)
+        logger.warning(
+            "directory view not in shared memory (%s: %s, %s): engines on this node ask the "
+            "directory agent for every lookup, a call each; give %s more room (a container's "
+            "--shm-size) or lower agent_view_keys",
+            folder,
+            error.strerror or error,
+            _shm_space(folder),
+            folder,
+        )
+        self.published = False
+        if hasattr(self, "_hdr"):
+            self._hdr[_ALIVE_NS] = 0
+        self.close()
 
     def _remove_old_tables(self) -> None:
         """Tables an earlier life of the agent left (a crash unlinks nothing)."""
@@ -221,6 +305,7 @@ class ViewReader:
         self._decode_version = -1
         self._by_set: list[list[HolderInfo]] = []
         self._next_try = 0.0
+        self._ino = 0  # the mapped header file's inode
         #: Whether the last read's view was complete (an unlisted key: held by nobody).
         self._complete = False
         self.reads = 0
@@ -240,14 +325,32 @@ class ViewReader:
             return False
         self._next_try = now + ATTACH_EVERY_S  # no view (yet): look again soon
         try:
+            ino = os.stat(self.path).st_ino
             mm = _map(self.path, HEADER_BYTES + DECODE_BYTES, create=False)
         except (FileNotFoundError, ValueError, OSError):
             return False
         hdr = memoryview(mm).cast("B").cast("Q")
         if hdr[_MAGIC] != MAGIC:
             return False
-        self._header, self._hdr = mm, hdr
+        self._header, self._hdr, self._ino = mm, hdr, ino
         return True
+
+    def _look_for_a_new_file(self) -> None:
+        """A stale view's file may have been replaced: a writer that had no room in
+        ``/dev/shm`` removed it, and its agent's next life made a new one. Checked at
+        most every ``ATTACH_EVERY_S``; a new file is mapped by the next read."""
+        now = time.monotonic()
+        if now < self._next_try:
+            return
+        self._next_try = now + ATTACH_EVERY_S
+        try:
+            replaced = os.stat(self.path).st_ino != self._ino
+        except OSError:
+            return  # none: keep the stale one (it says why reads are given up)
+        if replaced:
+            self._header = self._hdr = None  # its maps go once no array of it is left
+            self._table = self._flat_fps = self._flat_vals = None
+            self._gen, self._decode_version, self._next_try = 0, -1, 0.0
 
     def _remap(self, gen: int, buckets: int) -> bool:
         try:
@@ -285,6 +388,7 @@ class ViewReader:
         assert hdr is not None
         if time.time_ns() - hdr[_ALIVE_NS] > STALE_NS:  # (a writer that died mid-change, too)
             self._why = "stale"
+            self._look_for_a_new_file()
             return None
         seq = hdr[_SEQ]
         self._busy = bool(seq & 1)

@@ -96,6 +96,8 @@ class AgentRow(TypedDict, total=False):
     view_bytes: int
     #: "all" (complete: every key of the directory), "filling" or "asked" (own and asked keys).
     view: str
+    #: Whether engines read the view in /dev/shm (False: no room there; they ask the agent).
+    view_shared: bool
     engine_calls: int
     shard_calls: int
     lag_p50_ms: float | None
@@ -243,6 +245,7 @@ def _agent_rows(answers: dict[str, object]) -> list[AgentRow]:
                 "local_keys": a.local_keys,
                 "view_bytes": a.view_bytes,
                 "view": a.view_scope,
+                "view_shared": a.view_shared,
                 "engine_calls": a.lookups,
                 "shard_calls": a.shard_calls.get("apply", 0),
                 "lag_p50_ms": None if a.lag_p50_s is None else round(a.lag_p50_s * 1e3, 2),
@@ -423,6 +426,12 @@ def _agent_lines(agents: list[AgentRow]) -> list[str]:
             f"{a.get('view_keys', 0):>10} "
             f"{a.get('local_keys', 0):>8} {fmt_bytes(a.get('view_bytes', 0)):>9} {a.get('engine_calls', 0):>12} "
             f"{a.get('shard_calls', 0):>11} {lag:>15} {a.get('resets', 0):>6}"
+        )
+    unshared = [a["node_id"][:12] for a in agents if a.get("alive") and not a.get("view_shared", True)]
+    if unshared:
+        lines.append(
+            f"  view not in /dev/shm (no room) on node(s) {', '.join(unshared)}: their engines ask the agent "
+            "for every lookup; give /dev/shm more room (--shm-size) or lower agent_view_keys"
         )
     return lines
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -280,3 +281,95 @@ def test_a_complete_view_answers_nobody_for_what_it_does_not_list(tmp_path):
         assert reader.lookup(other) == [None] * 5
     finally:
         writer.close()
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path, request):
+    """A tmpfs of ``request.param`` bytes (a container's small ``/dev/shm``)."""
+    mnt = tmp_path / "shm"
+    mnt.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(mnt)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _published(folder) -> NodeView:
+    writer = ViewWriter(view_path("ns", "node-a", str(folder)))
+    view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
+    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    view.writer = writer  # (for the test)
+    return view
+
+
+@pytest.mark.parametrize("small_tmpfs", [4 << 20], indirect=True)
+def test_a_view_with_no_room_in_shm_stays_in_the_agent(small_tmpfs, caplog):
+    """/dev/shm smaller than the view's header (Docker's default is 64 MiB, and a node's
+    CPU primaries may take most of it): the agent keeps its view in its own memory and
+    says so once; engines find no view and ask the agent. Nothing is left in the folder."""
+    with caplog.at_level(logging.WARNING, logger=shm_view.__name__):
+        view = _published(small_tmpfs)
+    assert view.writer.published is False
+    [warning] = [r.getMessage() for r in caplog.records if "not in shared memory" in r.getMessage()]
+    assert "No space left on device" in warning and "MiB free of 4 MiB" in warning, warning
+    assert os.listdir(small_tmpfs) == []
+    view.slot(0, LOCAL)
+    keys = _keys(50)
+    fps = fingerprints(keys)
+    view.register(0, "local", to_blob(fps))
+    ids, _ = view.lookup(fps)
+    assert (ids > 0).all()  # the agent answers from its own copy
+    reader = ViewReader(view.writer.path)
+    assert reader.lookup(keys) == [None] * 50 and reader.gave_up["no view"] == 1  # engines: ask the agent
+
+
+@pytest.mark.parametrize("small_tmpfs", [(8 << 20) + (1 << 20)], indirect=True)
+def test_a_view_that_outgrows_shm_stops_being_published_without_sigbus(small_tmpfs, caplog):
+    """The view fits at first and its table then grows past the room left: the writer
+    stops publishing (readers see the view stale and ask the agent) instead of dying of
+    SIGBUS at its first write to a page tmpfs has no room for (pages are allocated when
+    a file is made: ``posix_fallocate``)."""
+    view = _published(small_tmpfs)
+    assert view.writer.published
+    view.slot(0, LOCAL)
+    reader = ViewReader(view.writer.path)
+    first = _keys(100)
+    view.register(0, "local", to_blob(fingerprints(first)))
+    assert reader.lookup(first) == [[LOCAL]] * 100
+    more = _keys(200_000, salt=1)  # 12-24 bytes a key: over the 1 MiB left
+    with caplog.at_level(logging.WARNING, logger=shm_view.__name__):
+        view.register(0, "local", to_blob(fingerprints(more)))
+    assert view.writer.published is False
+    assert [r for r in caplog.records if "not in shared memory" in r.getMessage()]
+    assert os.listdir(small_tmpfs) == []
+    ids, _ = view.lookup(fingerprints(first + more))
+    assert (ids > 0).all()  # every key still in the agent's copy
+    assert reader.lookup(first) == [None] * 100 and reader.gave_up["stale"] == 1  # not trusted: ask the agent
+    view.writer.beat()  # no beat revives an unpublished view
+    assert reader.get(first[0]) is None
+
+
+def test_an_agents_next_life_replaces_its_view_and_readers_follow(tmp_path):
+    """An agent restarted after a crash makes a new file (renamed over the old one:
+    a reader's map of the old one is never truncated under it) and marks the old one
+    stale: readers read the new life's view within ``ATTACH_EVERY_S``, not the 5 s
+    after which a silent view is dropped."""
+    first = _published(tmp_path)
+    first.slot(0, LOCAL)
+    old, new = _keys(3), _keys(3, salt=1)
+    first.register(0, "local", to_blob(fingerprints(old)))
+    reader = ViewReader(first.writer.path)
+    assert reader.lookup(old) == [[LOCAL]] * 3
+    second = _published(tmp_path)  # the crashed life's files are left as they were
+    second.slot(0, LOCAL)
+    second.register(0, "local", to_blob(fingerprints(new)))
+    assert reader.lookup(new) == [None] * 3  # the old life's view: stale now, not read
+    t0 = time.monotonic()
+    while reader.lookup(new) != [[LOCAL]] * 3:
+        assert time.monotonic() - t0 < 2.0, reader.gave_up
+        time.sleep(0.01)
+    assert reader.lookup(old) == [None] * 3
+    second.writer.close()
