@@ -76,10 +76,6 @@ logger = logging.getLogger(__name__)
 _unread = Throttled(logger)
 
 
-class _Unpublished(Exception):
-    """The writer no longer publishes: tables go to its own memory."""
-
-
 def view_path(namespace: str, node_id: str, shm_dir: str = SHM_DIR) -> str:
     """The header file of ``node_id``'s view in ``namespace``."""
     digest = hashlib.sha256(f"{namespace}\0{node_id}".encode()).hexdigest()[:16]
@@ -183,14 +179,14 @@ class ViewWriter:
         """A new generation's zeroed arrays (``FingerprintTable``'s allocator)."""
         self.generation += 1
         path = f"{self.path}.{self.generation}"
-        try:
-            if not self.published:
-                raise _Unpublished
-            mm = _map(path, buckets * BUCKET * 12, create=True)
-        except (OSError, _Unpublished) as e:
-            if isinstance(e, OSError):
+        mm: mmap.mmap | None = None
+        if self.published:
+            try:
+                mm = _map(path, buckets * BUCKET * 12, create=True)
+            except OSError as e:
                 self._stop_publishing(e)
-            mm = mmap.mmap(-1, buckets * BUCKET * 12)
+        if mm is None:
+            mm = mmap.mmap(-1, buckets * BUCKET * 12)  # the agent's own memory
         self._unlink(f"{self.path}.{self.generation - 1}")
         self._table = mm  # the arrays below keep the old map alive while they live
         with self.changing():
