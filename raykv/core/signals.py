@@ -13,6 +13,8 @@ handler that exits with status 15 (checked on Ray 2.60). A ``raykv demo`` stoppe
 Only the ``raykv`` command turns this on (``termination_handled``): a program that uses
 raykv as a library keeps its own signal handling. ``ray.init`` replaces the SIGTERM
 handler, so the command's code calls ``after_ray_init`` after each ``ray.init``.
+A process raykv joins to Ray as a guest (a vLLM engine's) keeps its handling as it
+was (``left_alone_by_ray_init``).
 """
 
 from __future__ import annotations
@@ -55,29 +57,53 @@ def _install() -> None:
 
 
 @contextlib.contextmanager
-def termination_handled() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise ``Terminated`` in this process, also after
-    ``ray.init`` calls that ``after_ray_init`` follows (a second signal kills at once),
-    and Ray's drivers install no abseil failure signal handler (``ray_constants`` is
-    read at each ``ray.init``; no public switch, checked on Ray 2.60). On leaving, the
-    previous handlers and setting come back (``raykv.ops.cli.main`` runs in-process in
-    tests, and may in users' scripts)."""
-    global _enabled, _received
+def _handlers_kept(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Inside, a driver's ``ray.init`` installs no abseil failure signal handler (Ray
+    reads ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` into ``ray_constants`` at import and
+    looks it up there at each ``ray.init``; no public switch, checked on Ray 2.60). On
+    leaving, that setting and the Python handlers of ``signals`` are as they were."""
     from ray._private import ray_constants
 
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.getsignal(sig) for sig in TERMINATION_SIGNALS} if main_thread else {}
+    previous = {sig: signal.getsignal(sig) for sig in signals} if main_thread else {}
     disabled = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
-    _enabled, _received = True, None
-    _install()
     try:
         yield
     finally:
-        _enabled = False
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def left_alone_by_ray_init() -> Iterator[None]:
+    """A ``ray.init`` inside leaves the process's signal handling as it was.
+
+    A driver's ``ray.init`` replaces the Python SIGTERM handler with its own
+    ``sys.exit`` and installs abseil's failure signal handler, which prints a C++ stack
+    on every SIGTERM and aborts the process (SIGABRT, a core file) when a shutdown takes
+    over 3 seconds. In a vLLM engine process, which stops on SIGTERM from its parent,
+    that turns each clean stop into stack dumps."""
+    with _handlers_kept((signal.SIGTERM,)):
+        yield
+
+
+@contextlib.contextmanager
+def termination_handled() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise ``Terminated`` in this process, also after
+    ``ray.init`` calls that ``after_ray_init`` follows (a second signal kills at once),
+    and Ray's drivers install no abseil failure signal handler. On leaving, the previous
+    handlers and setting come back (``raykv.ops.cli.main`` runs in-process in tests, and
+    may in users' scripts)."""
+    global _enabled, _received
+    with _handlers_kept(TERMINATION_SIGNALS):
+        _enabled, _received = True, None
+        _install()
+        try:
+            yield
+        finally:
+            _enabled = False
 
 
 def after_ray_init() -> None:

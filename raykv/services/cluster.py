@@ -6,10 +6,9 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, cast
 
@@ -75,7 +74,8 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
     """Connect to a running Ray cluster unless this process already is connected.
 
     ``guest``: this process is someone else's (a vLLM engine's), which handles its
-    own signals: joining Ray must not change how it stops (``_signals_left_alone``)."""
+    own signals: joining Ray must not change how it stops
+    (``signals.left_alone_by_ray_init``)."""
     if ray.is_initialized():
         return
     problem = None if address is None else check_ray_address(address)
@@ -84,7 +84,7 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
     check_reachable(address)
     target = address or "auto"
     try:
-        with _signals_left_alone() if guest else contextlib.nullcontext():
+        with signals.left_alone_by_ray_init() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)
         signals.after_ray_init()
     except ConnectionError as e:
@@ -92,32 +92,6 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
             f"no Ray cluster reachable at address={target!r}: start one with "
             "`ray start --head` (or `ray up`), or pass the cluster's address"
         ) from e
-
-
-@contextlib.contextmanager
-def _signals_left_alone() -> Iterator[None]:
-    """``ray.init`` that leaves the process's signal handling as it was.
-
-    A driver's ``ray.init`` (Ray 2.60) replaces the Python SIGTERM handler with its
-    own ``sys.exit`` and installs abseil's failure signal handler, which prints a
-    C++ stack on every SIGTERM and aborts the process (SIGABRT, a core file) when a
-    shutdown takes over 3 seconds. In a vLLM engine process, which stops on SIGTERM
-    from its parent, that turns each clean stop into stack dumps. Ray reads
-    ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER`` once, at import, into
-    ``ray._private.ray_constants`` (no public switch, checked on Ray 2.60): set there
-    for this call; the previous SIGTERM handler is put back after it."""
-    from ray._private import ray_constants
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main_thread else None
-    disabled = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
-    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
-    try:
-        yield
-    finally:
-        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = disabled
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _namespace_problem(namespace: object) -> str | None:
