@@ -39,7 +39,7 @@ from raykv.services import grafana
 from raykv.services.control import ControlActor
 from raykv.services.messages import ControlStats
 from raykv.services.pinning import Unpinned, unpin_everywhere
-from raykv.services.rules_store import drop_rules
+from raykv.services.rules_store import drop_added_tiers, drop_rules
 
 logger = logging.getLogger(__name__)
 
@@ -368,7 +368,9 @@ def kill_named_actors(namespace: str) -> list[str]:
         if actor is not None:
             ray.kill(actor)
             killed.append(name)
-    drop_rules(namespace)  # a stopped raykv forgets its run-time rules: the next start has its config's
+    # A stopped raykv forgets its run-time rules and added tiers: the next start has its config's.
+    drop_rules(namespace)
+    drop_added_tiers(namespace)
     return killed
 
 

@@ -27,7 +27,7 @@ from raykv.metrics import status_log
 from raykv.policy import PolicyRule
 from raykv.policy.messages import RulesAnswer
 from raykv.services.messages import ControlStats
-from raykv.services.rules_store import RulesCheckpoint, load_rules, save_rules
+from raykv.services.rules_store import RulesCheckpoint, load_added_tiers, load_rules, save_added_tiers, save_rules
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,13 @@ class ControlActor:
             self._version = 1
         self._incarnation = uuid.uuid4().hex
         reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        #: Tiers later starts added (``add_tiers``), kept in the GCS for a restart.
+        self._added_tiers: list[dict[str, object]] = []
+        if reconstructed:
+            self._added_tiers = load_added_tiers(config.namespace)
+            self._config = dataclasses.replace(config, tiers=[*config.tiers, *self._added_tiers])
+        else:
+            save_added_tiers(config.namespace, [])  # a fresh start: a crashed run's are not ours
         kept = load_rules(config.namespace) if reconstructed else None
         if kept is not None:  # restarted after a crash: the rules as they were (``rules_store``)
             self._rules, self._version = dict(kept.rules), kept.version
@@ -108,10 +115,12 @@ class ControlActor:
 
     async def add_tiers(self, tiers: list[dict[str, object]]) -> RaykvConfig:
         """Note tiers a later ``raykv start`` started (``tiers``: its config's, already
-        running ones left out); the config with them. Lost if this actor restarts after a
-        crash: its config is then the first start's again."""
+        running ones left out); the config with them. Kept in the GCS, written before
+        this answers: a restart after a crash has them too."""
         self.calls["add_tiers"] += 1
         if tiers:
+            self._added_tiers = [*self._added_tiers, *tiers]
+            save_added_tiers(self._config.namespace, self._added_tiers)
             self._config = dataclasses.replace(self._config, tiers=[*self._config.tiers, *tiers])
         return self._config
 

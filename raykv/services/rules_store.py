@@ -1,10 +1,11 @@
-"""The control actor's policy rules, kept in the GCS's key-value store.
+"""The control actor's run-time state, kept in the GCS's key-value store: its policy
+rules, and the tiers later ``raykv start`` calls added.
 
 Ray restarts a crashed control actor in place, with only its constructor's
-config: the rules an operator added or removed at run time would be gone. The
-control actor writes its rules here at start and at each change, before it
-answers, and a restarted actor starts from them: the version counts on, so
-engines follow it without a gap. Ray Serve's controller keeps its state in the
+config: the rules an operator added or removed at run time, and the tiers a later
+start added, would be gone. The control actor writes them here at start and at each
+change, before it answers, and a restarted actor starts from them: the rules'
+version counts on, so engines follow it without a gap. Ray Serve's controller keeps its state in the
 same store (``ray.serve._private.storage.kv_store.RayInternalKVStore``).
 
 Ray has no public API for this store (checked with Ray 2.60): these are the
@@ -39,6 +40,10 @@ def _key(namespace: str) -> str:
     return f"control-rules/{namespace}"
 
 
+def _tiers_key(namespace: str) -> str:
+    return f"control-added-tiers/{namespace}"
+
+
 def save_rules(namespace: str, checkpoint: RulesCheckpoint) -> None:
     """Write ``checkpoint`` for ``namespace`` (a GCS error is logged: the engines'
     give-back, ``restore_rules``, is then what a restart has)."""
@@ -71,3 +76,35 @@ def drop_rules(namespace: str) -> None:
         internal_kv._internal_kv_del(_key(namespace), namespace=KV_NAMESPACE)
     except Exception as e:
         logger.warning("could not remove raykv's policy rules from the GCS: %r", e)
+
+
+def save_added_tiers(namespace: str, tiers: list[dict[str, object]]) -> None:
+    """Write the tier configs later starts added to ``namespace``'s first config (a GCS
+    error is logged: a restart after a crash then has the first start's tiers only)."""
+    try:
+        internal_kv._internal_kv_put(_tiers_key(namespace), pickle.dumps(list(tiers)), True, namespace=KV_NAMESPACE)
+    except Exception as e:  # the GCS busy or restarting
+        logger.warning("could not keep the tiers added to raykv in the GCS: %r", e)
+
+
+def load_added_tiers(namespace: str) -> list[dict[str, object]]:
+    """The tier configs last written for ``namespace`` (none when there are none or
+    they cannot be read)."""
+    try:
+        raw = internal_kv._internal_kv_get(_tiers_key(namespace), namespace=KV_NAMESPACE)
+        tiers = pickle.loads(raw) if raw is not None else []
+    except Exception as e:
+        logger.warning("could not read the tiers added to raykv from the GCS: %r", e)
+        return []
+    if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
+        logger.warning("ignoring the tiers added to raykv in the GCS: not a list of tier configs")
+        return []
+    return tiers
+
+
+def drop_added_tiers(namespace: str) -> None:
+    """Forget the tiers added to ``namespace`` (``raykv stop``)."""
+    try:
+        internal_kv._internal_kv_del(_tiers_key(namespace), namespace=KV_NAMESPACE)
+    except Exception as e:
+        logger.warning("could not remove the tiers added to raykv from the GCS: %r", e)

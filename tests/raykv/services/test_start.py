@@ -89,3 +89,36 @@ def test_starting_again_names_the_running_tiers_the_config_leaves_out(ray_local,
         assert not [r for r in caplog.records if "leaves out" in r.getMessage()]
     finally:
         raykv.stop(namespace)
+
+
+def _incarnation(control) -> str | None:
+    """The control actor's incarnation (new at each restart); None while it restarts."""
+    try:
+        return ray.get(control.wait_rules.remote(-1, 0.0), timeout=10).incarnation
+    except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return None
+
+
+def test_tiers_a_later_start_added_survive_a_control_actor_crash(ray_local, tmp_path) -> None:
+    """Ray restarts a crashed control actor with its first config: the tiers a later start
+    added come back from the GCS (the config ``raykv attach`` and ``raykv status`` see), and a
+    stopped raykv forgets them."""
+    namespace = "raykv-start-added-crash"
+    first, second = _fs(tmp_path / "a"), _fs(tmp_path / "b")
+    raykv.start({"namespace": namespace})
+    try:
+        control = raykv.start({"namespace": namespace, "tiers": [first, second]}).control
+        before = _incarnation(control)
+        ray.kill(control, no_restart=False)
+        wait_until(
+            lambda: _incarnation(control) not in (None, before), timeout_s=30, what="the control actor's restart"
+        )
+        held = ray.get(control.config.remote())  # what another process's `raykv attach` gets
+        assert [t["root"] for t in held.tiers] == [first["root"], second["root"]]
+    finally:
+        raykv.stop(namespace)
+    services = raykv.start({"namespace": namespace})
+    try:
+        assert services.config.tiers == [] and ray.get(services.control.config.remote()).tiers == []
+    finally:
+        raykv.stop(namespace)
