@@ -1,4 +1,4 @@
-"""Shared fixtures: a real local Ray per test module."""
+"""Shared fixtures: a real local Ray that the modules asking for it share, clusters per module."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         has_cuda = torch.cuda.is_available()
     except Exception:
         has_cuda = False
+    # The modules on the shared local Ray (``ray_local``) run last, one after another; the
+    # others run first, in their order, as they would alone (none finds that Ray running).
+    on_shared = {getattr(item, "module", None) for item in items if "ray_local" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: getattr(item, "module", None) in on_shared)
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
@@ -88,20 +92,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="opt-in: --launch"))
 
 
+#: The GCS address of the local Ray that ``ray_local`` modules share, once started.
+_shared_ray: list[str] = []
+
+
+def _on_shared_ray() -> bool:
+    return ray.is_initialized() and bool(_shared_ray) and ray.get_runtime_context().gcs_address == _shared_ray[-1]
+
+
+def _kill_named_actors_left() -> None:
+    """Kill the named actors a module left running, in every namespace, and forget the
+    raykv services this process attached to: the next module on the shared Ray starts
+    from none (raykv's actors are named and detached)."""
+    from raykv.services.cluster import attached_services
+
+    for services in attached_services():
+        services.retire()
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        try:
+            ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]))
+        except ValueError:  # gone meanwhile
+            pass
+
+
 @pytest.fixture(scope="module")
 def ray_local():
-    """A fresh single-node local Ray for the module."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=4,
-        object_store_memory=512 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
-    )
+    """A single-node local Ray (4 CPUs, 512 MiB of object store) for the module.
+
+    The modules that ask for it share one Ray, one after another (``pytest_collection_
+    modifyitems`` runs them last, together): a Ray start costs ~5 s on a 2-core machine,
+    and each leaves a thread behind (``pytest_unconfigure``). A module that shut it down,
+    or connected to another Ray, gets a fresh one. What a module leaves running (named
+    actors, in any namespace) is killed at its end."""
+    if not _on_shared_ray():
+        if ray.is_initialized():
+            ray.shutdown()
+        ray.init(
+            address="local",
+            num_cpus=4,
+            object_store_memory=512 * 1024 * 1024,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+        _shared_ray.append(ray.get_runtime_context().gcs_address)
     yield
-    ray.shutdown()
+    if _on_shared_ray():
+        _kill_named_actors_left()
 
 
 @pytest.fixture(scope="module")

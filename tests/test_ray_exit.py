@@ -29,7 +29,7 @@ import os
 import subprocess
 import sys
 
-SESSIONS = 3
+SESSIONS = 2  # each a Ray start (~5 s); the second shows the first's thread left
 
 _SCRIPT = f"""
 import os

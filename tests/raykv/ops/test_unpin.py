@@ -41,11 +41,8 @@ def _figures(tier) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pinned(tmp_path_factory):
+def pinned(ray_local, tmp_path_factory):
     """Per tier: 3 blocks pinned by tenant-a, 2 by tenant-b, 2 unpinned; the tiers' stats readers."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False)
     services = raykv.start({"namespace": NS, "directory_shards": 1})
     region = PrimaryRegion(8, BLOCK)
     region.array[:] = np.random.default_rng(3).integers(0, 256, region.array.shape, dtype=np.uint8)
@@ -68,7 +65,6 @@ def pinned(tmp_path_factory):
         tier.shutdown()
     region.close()
     services.shutdown()
-    ray.shutdown()
 
 
 def test_unpin_by_tenant_then_all_keeps_the_blocks(pinned) -> None:
