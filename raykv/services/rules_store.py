@@ -44,25 +44,45 @@ def _tiers_key(namespace: str) -> str:
     return f"control-added-tiers/{namespace}"
 
 
+_MISSING = object()
+
+
+def _put(key: str, value: object, what: str) -> None:
+    """Write ``value`` under ``key`` (a GCS error is logged, naming ``what``)."""
+    try:
+        internal_kv._internal_kv_put(key, pickle.dumps(value), True, namespace=KV_NAMESPACE)
+    except Exception as e:  # the GCS busy or restarting
+        logger.warning("could not keep %s in the GCS: %r", what, e)
+
+
+def _get(key: str, what: str) -> object:
+    """What was written under ``key``; ``_MISSING`` when nothing was, or it cannot be read."""
+    try:
+        raw = internal_kv._internal_kv_get(key, namespace=KV_NAMESPACE)
+        return _MISSING if raw is None else pickle.loads(raw)
+    except Exception as e:  # the GCS unreachable, or written by another raykv release
+        logger.warning("could not read %s from the GCS: %r", what, e)
+        return _MISSING
+
+
+def _drop(key: str, what: str) -> None:
+    try:
+        internal_kv._internal_kv_del(key, namespace=KV_NAMESPACE)
+    except Exception as e:
+        logger.warning("could not remove %s from the GCS: %r", what, e)
+
+
 def save_rules(namespace: str, checkpoint: RulesCheckpoint) -> None:
     """Write ``checkpoint`` for ``namespace`` (a GCS error is logged: the engines'
     give-back, ``restore_rules``, is then what a restart has)."""
-    try:
-        internal_kv._internal_kv_put(_key(namespace), pickle.dumps(checkpoint), True, namespace=KV_NAMESPACE)
-    except Exception as e:  # the GCS busy or restarting
-        logger.warning("could not keep raykv's policy rules v%d in the GCS: %r", checkpoint.version, e)
+    _put(_key(namespace), checkpoint, f"raykv's policy rules v{checkpoint.version}")
 
 
 def load_rules(namespace: str) -> RulesCheckpoint | None:
     """The rules last written for ``namespace``; None when there are none or they
     cannot be read (written by another raykv release, or the GCS unreachable)."""
-    try:
-        raw = internal_kv._internal_kv_get(_key(namespace), namespace=KV_NAMESPACE)
-        if raw is None:
-            return None
-        checkpoint = pickle.loads(raw)
-    except Exception as e:
-        logger.warning("could not read raykv's policy rules from the GCS: %r", e)
+    checkpoint = _get(_key(namespace), "raykv's policy rules")
+    if checkpoint is _MISSING:
         return None
     if not isinstance(checkpoint, RulesCheckpoint):
         logger.warning("ignoring raykv's policy rules in the GCS: not a RulesCheckpoint")
@@ -72,29 +92,20 @@ def load_rules(namespace: str) -> RulesCheckpoint | None:
 
 def drop_rules(namespace: str) -> None:
     """Forget ``namespace``'s rules (``raykv stop``: the next start begins from its config)."""
-    try:
-        internal_kv._internal_kv_del(_key(namespace), namespace=KV_NAMESPACE)
-    except Exception as e:
-        logger.warning("could not remove raykv's policy rules from the GCS: %r", e)
+    _drop(_key(namespace), "raykv's policy rules")
 
 
 def save_added_tiers(namespace: str, tiers: list[dict[str, object]]) -> None:
     """Write the tier configs later starts added to ``namespace``'s first config (a GCS
     error is logged: a restart after a crash then has the first start's tiers only)."""
-    try:
-        internal_kv._internal_kv_put(_tiers_key(namespace), pickle.dumps(list(tiers)), True, namespace=KV_NAMESPACE)
-    except Exception as e:  # the GCS busy or restarting
-        logger.warning("could not keep the tiers added to raykv in the GCS: %r", e)
+    _put(_tiers_key(namespace), list(tiers), "the tiers added to raykv")
 
 
 def load_added_tiers(namespace: str) -> list[dict[str, object]]:
     """The tier configs last written for ``namespace`` (none when there are none or
     they cannot be read)."""
-    try:
-        raw = internal_kv._internal_kv_get(_tiers_key(namespace), namespace=KV_NAMESPACE)
-        tiers = pickle.loads(raw) if raw is not None else []
-    except Exception as e:
-        logger.warning("could not read the tiers added to raykv from the GCS: %r", e)
+    tiers = _get(_tiers_key(namespace), "the tiers added to raykv")
+    if tiers is _MISSING:
         return []
     if not isinstance(tiers, list) or not all(isinstance(t, dict) for t in tiers):
         logger.warning("ignoring the tiers added to raykv in the GCS: not a list of tier configs")
@@ -104,7 +115,4 @@ def load_added_tiers(namespace: str) -> list[dict[str, object]]:
 
 def drop_added_tiers(namespace: str) -> None:
     """Forget the tiers added to ``namespace`` (``raykv stop``)."""
-    try:
-        internal_kv._internal_kv_del(_tiers_key(namespace), namespace=KV_NAMESPACE)
-    except Exception as e:
-        logger.warning("could not remove the tiers added to raykv from the GCS: %r", e)
+    _drop(_tiers_key(namespace), "the tiers added to raykv")
