@@ -1,4 +1,9 @@
-"""The tests' one way to build a multi-node Ray cluster on this host.
+"""The tests' one way to start Ray on this host: a local one, or a multi-node cluster.
+
+``start_local_ray(**init)`` starts a single-node local Ray (no dashboard, no log
+forwarding, unless ``init`` says so) after shutting down any Ray this process was
+connected to; modules whose Ray needs settings of its own (a runtime env, system
+config) use it, and the others share ``tests/conftest.py``'s ``ray_local``.
 
 ``ray_cluster(head=..., workers=...)`` starts a ``ray.cluster_utils.Cluster``
 (the head with ``head``'s node arguments, one ``add_node`` per entry of
@@ -30,6 +35,14 @@ class RayCluster(NamedTuple):
     cluster: Cluster
     #: what ``ray.init`` returned (``dashboard_url`` and the like)
     context: Any
+
+
+def start_local_ray(**init: Any) -> Any:
+    """Shut down any Ray this process is connected to, then ``ray.init(address="local",
+    include_dashboard=False, log_to_driver=False, **init)``; what it returned."""
+    if ray.is_initialized():
+        ray.shutdown()
+    return ray.init(**{"address": "local", "include_dashboard": False, "log_to_driver": False, **init})
 
 
 @contextmanager

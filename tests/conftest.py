@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tests.clusters import RayCluster, ray_cluster  # noqa: E402
+from tests.clusters import RayCluster, ray_cluster, start_local_ray  # noqa: E402
 
 # Keep Ray's own chatter and usage reporting out of test runs.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -93,26 +93,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: The GCS address of the local Ray that ``ray_local`` modules share, once started.
-_shared_ray: list[str] = []
+_shared_ray_address: str | None = None
 
 
 def _on_shared_ray() -> bool:
-    return ray.is_initialized() and bool(_shared_ray) and ray.get_runtime_context().gcs_address == _shared_ray[-1]
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _shared_ray_address
 
 
 def _kill_named_actors_left() -> None:
     """Kill the named actors a module left running, in every namespace, and forget the
     raykv services this process attached to: the next module on the shared Ray starts
     from none (raykv's actors are named and detached)."""
+    from raykv.core.named import find_actor
     from raykv.services.cluster import attached_services
 
     for services in attached_services():
         services.retire()
     for entry in ray.util.list_named_actors(all_namespaces=True):
-        try:
-            ray.kill(ray.get_actor(entry["name"], namespace=entry["namespace"]))
-        except ValueError:  # gone meanwhile
-            pass
+        actor = find_actor(entry["name"], entry["namespace"])
+        if actor is not None:  # (not gone meanwhile)
+            ray.kill(actor)
 
 
 @pytest.fixture(scope="module")
@@ -124,17 +124,10 @@ def ray_local():
     and each leaves a thread behind (``pytest_unconfigure``). A module that shut it down,
     or connected to another Ray, gets a fresh one. What a module leaves running (named
     actors, in any namespace) is killed at its end."""
+    global _shared_ray_address
     if not _on_shared_ray():
-        if ray.is_initialized():
-            ray.shutdown()
-        ray.init(
-            address="local",
-            num_cpus=4,
-            object_store_memory=512 * 1024 * 1024,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        _shared_ray.append(ray.get_runtime_context().gcs_address)
+        start_local_ray(num_cpus=4, object_store_memory=512 * 1024 * 1024)
+        _shared_ray_address = ray.get_runtime_context().gcs_address
     yield
     if _on_shared_ray():
         _kill_named_actors_left()

@@ -24,6 +24,7 @@ from raykv.core.validate import ConfigError
 from raykv.core.wire import HolderInfo
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.clusters import start_local_ray
 from tiers.fs.messages import FsRootSettings
 from tiers.object_store.messages import ObjectStoreSettings
 
@@ -708,10 +709,8 @@ def test_every_actor_repr_works_on_a_half_built_instance(tmp_path):
 def ray_local(free_port):
     """conftest's local Ray, here with Ray's dashboard: it serves Ray's state API
     (``ray.util.state``), which shows dead actors and their restarts."""
-    if ray.is_initialized():
-        ray.shutdown()
     dashboard = {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": free_port()}
-    ray.init(address="local", num_cpus=4, object_store_memory=512 << 20, log_to_driver=False, **dashboard)
+    start_local_ray(num_cpus=4, object_store_memory=512 << 20, **dashboard)
     yield
     ray.shutdown()
 

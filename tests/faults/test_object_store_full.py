@@ -26,6 +26,7 @@ from raykv.core.identity import scoped_keys
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.clusters import start_local_ray
 from tests.waiting import WaitTimeout, wait_until
 
 MiB = 1024 * 1024
@@ -36,14 +37,9 @@ STORE_FULL = (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError
 
 @pytest.fixture(scope="module")
 def services_no_spill():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
+    start_local_ray(
         num_cpus=2,
         object_store_memory=PLASMA,
-        include_dashboard=False,
-        log_to_driver=False,
         _system_config={"local_fs_capacity_threshold": 0.0, "automatic_object_spilling_enabled": False},
     )
     services = raykv.start({"namespace": "raykv-full", "directory_shards": 1})

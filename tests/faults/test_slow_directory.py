@@ -23,6 +23,7 @@ from raykv.directory.client import LookupCache
 from raykv.directory.shard import TESTING_DELAY_ENV
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.clusters import start_local_ray
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -38,14 +39,9 @@ STEP_SLACK_S = 0.1
 
 @pytest.fixture(scope="module")
 def slow_shard_services():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
+    start_local_ray(
         num_cpus=4,
         object_store_memory=256 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
         runtime_env={"env_vars": {TESTING_DELAY_ENV: f"0:{DELAY_MS:.0f}"}},
     )
     services = raykv.start(

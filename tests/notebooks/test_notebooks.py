@@ -16,6 +16,7 @@ from raykv.core.factory import TierFactory
 from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
+from tests.clusters import start_local_ray
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NS = "raykv-inspect-test"
@@ -67,14 +68,9 @@ def test_quickstart(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def running_cluster(tmp_path_factory):
     """A 'running cluster': local Ray, raykv with blocks in the object_store and fs tiers."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ctx = ray.init(
-        address="local",
+    ctx = start_local_ray(
         num_cpus=2,
         object_store_memory=256 << 20,
-        include_dashboard=False,
-        log_to_driver=False,
         _system_config={"metrics_report_interval_ms": 500},
     )
     root = str(tmp_path_factory.mktemp("fs-root"))

@@ -10,6 +10,7 @@ import ray
 
 from raykv.core.background import SLICE_S, SessionEnded, wait_answer
 from raykv.core.node import ray_session
+from tests.clusters import start_local_ray
 
 
 @ray.remote(num_cpus=0)
@@ -25,9 +26,7 @@ class _Answers:
 
 
 def _start_ray() -> None:
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=2)
 
 
 def test_answers_errors_and_timeouts_are_ray_gets() -> None:

@@ -17,6 +17,7 @@ from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import recorders, scrape
+from tests.clusters import start_local_ray
 from tests.waiting import WaitTimeout, wait_until
 
 BLOCK = 64 * 1024
@@ -65,14 +66,9 @@ def test_undeclared_metric_is_refused() -> None:
 @pytest.fixture(scope="module")
 def metrics_ray(tmp_path_factory):
     """A local Ray that exports metrics every 0.5 s (the default waits ~10 s)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
+    start_local_ray(
         num_cpus=2,
         object_store_memory=256 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
         _system_config={"metrics_report_interval_ms": 500},
     )
     root = tmp_path_factory.mktemp("fs-root")

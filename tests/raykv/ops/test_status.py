@@ -22,6 +22,7 @@ from raykv.engine.tier_driver import TierDriver
 from raykv.metrics import scrape
 from raykv.ops.status import collect_status, format_status
 from tests.cli_run import run_raykv
+from tests.clusters import start_local_ray
 from tests.waiting import WaitTimeout, wait_until
 
 BLOCK = 32 * 1024
@@ -70,14 +71,9 @@ def test_a_malformed_address_is_named_before_ray_is_asked() -> None:
 @pytest.fixture(scope="module")
 def filled(tmp_path_factory):
     """A local Ray with raykv, 10 blocks in the object store tier and 6 in the fs tier, and lookups."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
+    start_local_ray(
         num_cpus=2,
         object_store_memory=256 << 20,
-        include_dashboard=False,
-        log_to_driver=False,
         _system_config={"metrics_report_interval_ms": 500},
     )
     root = str(tmp_path_factory.mktemp("fs-root"))

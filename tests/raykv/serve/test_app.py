@@ -15,6 +15,7 @@ import requests
 
 from raykv.core import naming
 from raykv.demo.tiny_model import make_prompt_tokens
+from tests.clusters import start_local_ray
 from tests.waiting import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,7 @@ def serve_app(vllm_env, tiny_model, tmp_path_factory) -> Iterator[dict[str, Any]
 
     from raykv.serve import build_app
 
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=4, object_store_memory=512 << 20, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=4, object_store_memory=512 << 20)
     root = str(tmp_path_factory.mktemp("serve-fs"))
     app = build_app(
         tiny_model,

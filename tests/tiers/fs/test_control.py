@@ -9,6 +9,7 @@ import ray
 import raykv
 from raykv.core.factory import TierFactory
 from raykv.engine.primary import PrimaryRegion
+from tests.clusters import start_local_ray
 from tests.waiting import wait_until
 
 
@@ -21,9 +22,7 @@ def test_the_control_thread_ends_with_its_ray_session(tmp_path):
     session in the same process: the tier's control thread, which polls its root
     actor every 0.1 s, stops instead of calling into a session that is not its own
     (a thread inside a Ray call at interpreter exit can crash it: ray-project/ray#47864)."""
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=1)
     before = set(_control_threads())
     services = raykv.start({"namespace": "raykv-fs-orphan", "directory_shards": 1})
     region = PrimaryRegion(4, 64 * 1024)
@@ -32,7 +31,7 @@ def test_the_control_thread_ends_with_its_ray_session(tmp_path):
     )
     (thread,) = set(_control_threads()) - before
     ray.shutdown()
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    start_local_ray(num_cpus=1)
     try:
         wait_until(lambda: not thread.is_alive(), timeout_s=30, what="the orphaned fs control thread to stop")
     finally:
