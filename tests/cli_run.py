@@ -7,6 +7,15 @@ import subprocess
 import sys
 
 
+def _command(args: tuple[str, ...], namespace: str | None, address: str | None) -> list[str]:
+    extra = [*(("--namespace", namespace) if namespace else ()), *(("--address", address) if address else ())]
+    return [sys.executable, "-m", "raykv.ops.cli", *args, *extra]
+
+
+def _env(env: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+
+
 def run_raykv(
     *args: str,
     namespace: str | None = None,
@@ -15,11 +24,17 @@ def run_raykv(
     timeout: float = 120,
 ) -> subprocess.CompletedProcess:
     """``raykv ARGS [--namespace N] [--address A]``: its exit code, stdout and stderr."""
-    extra = [*(("--namespace", namespace) if namespace else ()), *(("--address", address) if address else ())]
     return subprocess.run(
-        [sys.executable, "-m", "raykv.ops.cli", *args, *extra],
-        capture_output=True,
+        _command(args, namespace, address), capture_output=True, text=True, timeout=timeout, env=_env(env)
+    )
+
+
+def spawn_raykv(*args: str, namespace: str | None = None, address: str | None = None) -> subprocess.Popen:
+    """``raykv ARGS`` started, not waited for (``communicate()`` gives its stdout and stderr)."""
+    return subprocess.Popen(
+        _command(args, namespace, address),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+        env=_env(None),
     )

@@ -36,7 +36,7 @@ from raykv.directory.shard import DirectoryShard
 from raykv.directory.shm_view import ViewReader, view_path
 from raykv.policy import PolicyCache, PolicyRule, check_rule_tier
 from raykv.services import grafana
-from raykv.services.control import ControlActor
+from raykv.services.joining import join_control, may_stop_after_failure, stop_done
 from raykv.services.messages import ControlStats
 from raykv.services.pinning import Unpinned, unpin_everywhere
 from raykv.services.rules_store import drop_added_tiers, drop_rules
@@ -434,8 +434,8 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     config = RaykvConfig.from_dict(config.to_dict() if isinstance(config, RaykvConfig) else config)
     ensure_ray(address)
     ns = config.namespace
-    fresh = not raykv_running(ns)
-    control = named_actor(ControlActor, naming.CONTROL_ACTOR, ns, config)
+    joined = join_control(config)
+    control = joined.control
     running: RaykvConfig = get_riding_out_restart(control.config.remote)
     differences = _config_differences(running, config)
     if differences:
@@ -461,18 +461,31 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
     services = RaykvServices(running, control, shards)
     with _lock:
         _attached[_session_key(ns)] = services
+    started: list[Mapping[str, object]] = []
     try:
         for i, tier in enumerate(config.tiers):
             services.start_tier_services(tier, f"tiers[{i}]")
+            started.append(tier)
     except BaseException:  # Ctrl-C too: a start that failed leaves the namespace as it found it
-        if fresh:
-            _stop_after_failed_start(services)
+        if may_stop_after_failure(joined):
+            try:
+                _stop_after_failed_start(services)
+            finally:
+                stop_done(ns)
+        else:  # what runs stays, another start's too: its config lists the tiers that started
+            _list_started_tiers(services, started, running)
         raise
-    added = _tiers_not_in(config.tiers, running.tiers)
-    if added:
-        services.config = get_riding_out_restart(lambda: control.add_tiers.remote(added))
+    _list_started_tiers(services, started, running)
     grafana.provision()
     return services
+
+
+def _list_started_tiers(services: RaykvServices, started: Sequence[Mapping[str, object]], running: RaykvConfig) -> None:
+    """Add the tiers this start ``started`` to the namespace's config (``add_tiers``),
+    leaving out those ``running`` lists already."""
+    added = _tiers_not_in(started, running.tiers)
+    if added:
+        services.config = get_riding_out_restart(lambda: services.control.add_tiers.remote(added))
 
 
 def _stop_after_failed_start(services: RaykvServices) -> None:

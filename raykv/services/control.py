@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections import Counter
 
@@ -26,10 +27,21 @@ from raykv.directory.replaced import SHARD_CHECK_S, start_missing_shards
 from raykv.metrics import status_log
 from raykv.policy import PolicyRule
 from raykv.policy.messages import RulesAnswer
-from raykv.services.messages import ControlStats
-from raykv.services.rules_store import RulesCheckpoint, load_added_tiers, load_rules, save_added_tiers, save_rules
+from raykv.services.messages import ControlStats, StartRole
+from raykv.services.rules_store import (
+    RulesCheckpoint,
+    load_added_tiers,
+    load_rules,
+    mark_stopping,
+    save_added_tiers,
+    save_rules,
+)
 
 logger = logging.getLogger(__name__)
+
+#: How long a failed first start may take to stop what it started (``close_if_alone``);
+#: past it, its stop is taken to have died with its process and the services stay.
+STOPPING_S = 60.0
 
 
 def _hold(rules: dict[str, PolicyRule], rule: PolicyRule) -> str:
@@ -46,8 +58,13 @@ def _hold(rules: dict[str, PolicyRule], rule: PolicyRule) -> str:
 class ControlActor:
     """Named ``raykv-control``: the source of truth engines attach to."""
 
-    def __init__(self, config: RaykvConfig) -> None:
+    def __init__(self, config: RaykvConfig, starter: str = "") -> None:
         self._config = config
+        #: The start that created this actor (``join``), every start that joined it
+        #: since, and until when a failed first start is stopping it (``time.time()``).
+        self._starter = starter
+        self._joined = {starter}
+        self._stopping_until: float | None = None
         self._rules: dict[str, PolicyRule] = {}
         self._version = 0
         self._changed = asyncio.Event()
@@ -62,8 +79,8 @@ class ControlActor:
         if self._rules:
             self._version = 1
         self._incarnation = uuid.uuid4().hex
-        reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
-        #: Tiers later starts added (``add_tiers``), kept in the GCS for a restart.
+        reconstructed = self._reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        #: Tiers starts added (``add_tiers``), kept in the GCS for a restart.
         self._added_tiers: list[dict[str, object]] = []
         if reconstructed:
             self._added_tiers = load_added_tiers(config.namespace)
@@ -102,6 +119,8 @@ class ControlActor:
         config = self._config
         while True:
             await asyncio.sleep(SHARD_CHECK_S)
+            if self._stopping():  # a failed first start is killing them
+                continue
             try:
                 started = await asyncio.to_thread(start_missing_shards, config.namespace, config.directory_shards)
             except Exception as e:  # the GCS busy or restarting: the next round tries again
@@ -109,15 +128,41 @@ class ControlActor:
                 continue
             self.calls["shards_started"] += len(started)
 
+    def _stopping(self) -> bool:
+        return self._stopping_until is not None and time.time() < self._stopping_until
+
+    async def join(self, token: str) -> StartRole:
+        """A ``raykv start`` (``token``, one per call) joins this raykv: FIRST for the start
+        that created this actor, JOINED for any other (and for any after a restart: who
+        joined before it is not known), CLOSING while a failed first start stops it."""
+        self.calls["join"] += 1
+        if self._stopping():
+            return StartRole.CLOSING
+        self._stopping_until = None  # (a stop that outlived STOPPING_S died with its start)
+        self._joined.add(token)
+        return StartRole.FIRST if token == self._starter and not self._reconstructed else StartRole.JOINED
+
+    async def close_if_alone(self, token: str) -> bool:
+        """Whether the failed first start ``token`` may stop this raykv: no other start
+        joined it. Then starts that join are told CLOSING, for at most ``STOPPING_S``,
+        and the GCS notes the stop (``rules_store.mark_stopping``) before this answers."""
+        self.calls["close_if_alone"] += 1
+        if token != self._starter or self._joined != {token} or self._reconstructed:
+            return False
+        self._stopping_until = time.time() + STOPPING_S
+        mark_stopping(self._config.namespace, self._stopping_until)
+        return True
+
     async def config(self) -> RaykvConfig:
         self.calls["config"] += 1
         return self._config
 
     async def add_tiers(self, tiers: list[dict[str, object]]) -> RaykvConfig:
-        """Note tiers a later ``raykv start`` started (``tiers``: its config's, already
-        running ones left out); the config with them. Kept in the GCS, written before
-        this answers: a restart after a crash has them too."""
+        """Note tiers a ``raykv start`` started (``tiers``: its config's, already listed
+        ones left out; the actor is created with none); the config with them. Kept in the
+        GCS, written before this answers: a restart after a crash has them too."""
         self.calls["add_tiers"] += 1
+        tiers = [t for t in tiers if t not in self._config.tiers]  # (two starts racing list one once)
         if tiers:
             self._added_tiers = [*self._added_tiers, *tiers]
             save_added_tiers(self._config.namespace, self._added_tiers)

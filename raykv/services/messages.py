@@ -6,6 +6,7 @@ Holders, identities, rules and the config cross as their own types
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -18,3 +19,14 @@ class ControlStats:
     rules_version: int
     #: Holders announced now.
     holders: int
+
+
+class StartRole(enum.Enum):
+    """What the control actor answers a ``raykv start`` that joins it (``ControlActor.join``)."""
+
+    #: This start created the control actor: it is the namespace's first start.
+    FIRST = "first"
+    #: raykv already ran, or another start created it.
+    JOINED = "joined"
+    #: The first start failed and is stopping what it started: start again once it is gone.
+    CLOSING = "closing"

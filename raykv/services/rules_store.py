@@ -1,8 +1,9 @@
 """The control actor's run-time state, kept in the GCS's key-value store: its policy
-rules, and the tiers later ``raykv start`` calls added.
+rules, the tiers ``raykv start`` calls added, and whether a failed first start
+is stopping it.
 
 Ray restarts a crashed control actor in place, with only its constructor's
-config: the rules an operator added or removed at run time, and the tiers a later
+config: the rules an operator added or removed at run time, and the tiers each
 start added, would be gone. The control actor writes them here at start and at each
 change, before it answers, and a restarted actor starts from them: the rules'
 version counts on, so engines follow it without a gap. Ray Serve's controller keeps its state in the
@@ -42,6 +43,10 @@ def _key(namespace: str) -> str:
 
 def _tiers_key(namespace: str) -> str:
     return f"control-added-tiers/{namespace}"
+
+
+def _stopping_key(namespace: str) -> str:
+    return f"control-stopping/{namespace}"
 
 
 _MISSING = object()
@@ -96,8 +101,8 @@ def drop_rules(namespace: str) -> None:
 
 
 def save_added_tiers(namespace: str, tiers: list[dict[str, object]]) -> None:
-    """Write the tier configs later starts added to ``namespace``'s first config (a GCS
-    error is logged: a restart after a crash then has the first start's tiers only)."""
+    """Write the tier configs starts added to ``namespace``'s config (``add_tiers``; a GCS
+    error is logged: a restart after a crash then lists none of them)."""
     _put(_tiers_key(namespace), list(tiers), "the tiers added to raykv")
 
 
@@ -116,3 +121,21 @@ def load_added_tiers(namespace: str) -> list[dict[str, object]]:
 def drop_added_tiers(namespace: str) -> None:
     """Forget the tiers added to ``namespace`` (``raykv stop``)."""
     _drop(_tiers_key(namespace), "the tiers added to raykv")
+
+
+def mark_stopping(namespace: str, until: float) -> None:
+    """Note that a failed first start stops ``namespace``'s raykv, until ``until`` at the
+    latest (``time.time()``): another start waits for it, then starts raykv again."""
+    _put(_stopping_key(namespace), float(until), "that a failed start stops raykv")
+
+
+def stopping_until(namespace: str) -> float | None:
+    """Until when a failed first start may still be stopping ``namespace``'s raykv
+    (``time.time()``); None when none is."""
+    until = _get(_stopping_key(namespace), "whether a failed start stops raykv")
+    return until if isinstance(until, float) else None
+
+
+def clear_stopping(namespace: str) -> None:
+    """The failed first start has stopped ``namespace``'s raykv."""
+    _drop(_stopping_key(namespace), "that a failed start stops raykv")

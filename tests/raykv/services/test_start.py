@@ -1,8 +1,10 @@
 """``raykv start`` / ``raykv.start``: a start that fails leaves the namespace as it found
-it, and starting again names what the new config leaves out (on a real local Ray)."""
+it (what another start joined meanwhile keeps running), and starting again names what the
+new config leaves out (on a real local Ray)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -12,6 +14,12 @@ import ray
 import raykv
 from raykv.core import naming
 from raykv.core.errors import RaykvError
+from raykv.core.named import find_actor
+from raykv.services import cluster
+from raykv.services.control import ControlActor
+from raykv.services.messages import StartRole
+from raykv.services.rules_store import clear_stopping, stopping_until
+from tests.cli_run import run_raykv, spawn_raykv
 from tests.waiting import wait_until
 
 
@@ -122,3 +130,110 @@ def test_tiers_a_later_start_added_survive_a_control_actor_crash(ray_local, tmp_
         assert services.config.tiers == [] and ray.get(services.control.config.remote()).tiers == []
     finally:
         raykv.stop(namespace)
+
+
+def _config_file(tmp_path: Path, namespace: str, root: Path) -> str:
+    """A config file of one fs tier at ``root``, for a ``raykv start`` in another process."""
+    path = tmp_path / f"{namespace}.json"
+    path.write_text(json.dumps({"namespace": namespace, "tiers": [_fs(root)]}))
+    return str(path)
+
+
+def _holder_types(namespace: str) -> list[str]:
+    control = find_actor(naming.CONTROL_ACTOR, namespace)
+    return [] if control is None else sorted(h.tier_type for h in ray.get(control.holders.remote()))
+
+
+def test_a_failed_first_start_keeps_running_what_another_start_joined(ray_local, tmp_path, monkeypatch, caplog) -> None:
+    """Two starts race in a new namespace: the first creates the services, the other joins
+    them and starts its fs tier, then the first one's tier fails. The first start stops
+    nothing: the other start's services keep running."""
+    namespace = "raykv-start-fails-joined"
+    other = _config_file(tmp_path, namespace, tmp_path / "other")
+    address = ray.get_runtime_context().gcs_address
+    start_tier = cluster.RaykvServices.start_tier_services
+
+    def another_start_joins_first(self, tier_config, where="tier"):
+        joined = run_raykv("start", "--config", other, address=address)
+        assert joined.returncode == 0, joined.stderr
+        return start_tier(self, tier_config, where)
+
+    monkeypatch.setattr(cluster.RaykvServices, "start_tier_services", another_start_joins_first)
+    try:
+        with caplog.at_level("WARNING", logger="raykv.services.joining"):
+            with pytest.raises(RaykvError, match="the root actor did not start"):
+                raykv.start({"namespace": namespace, "tiers": [_fs(_unmounted(tmp_path))]})
+        monkeypatch.undo()
+        assert f"another start joined namespace {namespace!r} meanwhile: its services keep running" in caplog.text
+        time.sleep(2.0)  # nothing is being stopped behind the error
+        control = find_actor(naming.CONTROL_ACTOR, namespace)
+        assert control is not None
+        assert [t["root"] for t in ray.get(control.config.remote()).tiers] == [str(tmp_path / "other")]
+        wait_until(lambda: _holder_types(namespace) == ["fs"], timeout_s=30, what="the other start's fs tier")
+    finally:
+        raykv.stop(namespace)
+
+
+def test_a_start_joining_while_a_failed_first_start_stops_starts_raykv_again(ray_local, tmp_path, monkeypatch) -> None:
+    """Another start that comes while a failed first start stops the services waits for the
+    stop to end, then starts raykv afresh with its own tier: nothing of it is stopped."""
+    namespace = "raykv-start-fails-then-another"
+    other = _config_file(tmp_path, namespace, tmp_path / "other")
+    address = ray.get_runtime_context().gcs_address
+    stop_after_failed_start = cluster._stop_after_failed_start
+    seen = {}
+
+    def stop_once_the_other_start_waits(services):
+        seen["control"] = services.control
+        seen["other"] = spawn_raykv("start", "--config", other, address=address)
+        wait_until(
+            lambda: ray.get(services.control.stats.remote()).calls.get("join", 0) >= 2,
+            timeout_s=60,
+            what="the other start to join and be told that raykv is being stopped",
+        )
+        time.sleep(1.0)  # it waits: nothing of it starts before this stop
+        stop_after_failed_start(services)
+
+    monkeypatch.setattr(cluster, "_stop_after_failed_start", stop_once_the_other_start_waits)
+    try:
+        with pytest.raises(RaykvError, match="the root actor did not start"):
+            raykv.start({"namespace": namespace, "tiers": [_fs(_unmounted(tmp_path))]})
+        monkeypatch.undo()
+        _, err = seen["other"].communicate(timeout=120)
+        assert seen["other"].returncode == 0, err
+        assert "failed and stops what it started: starting again after it" in err
+        control = find_actor(naming.CONTROL_ACTOR, namespace)
+        assert control is not None and control != seen["control"]  # a new raykv, the other start's
+        assert [t["root"] for t in ray.get(control.config.remote()).tiers] == [str(tmp_path / "other")]
+        wait_until(lambda: _holder_types(namespace) == ["fs"], timeout_s=30, what="the other start's fs tier")
+        assert stopping_until(namespace) is None
+    finally:
+        if "other" in seen and seen["other"].poll() is None:
+            seen["other"].kill()
+        raykv.stop(namespace)
+
+
+def test_the_control_actor_lets_only_a_lone_first_start_stop_it(ray_local) -> None:
+    """``join`` and ``close_if_alone``: only the start that created the actor is FIRST, it
+    may stop raykv only when no other start joined, and starts joining then are told CLOSING."""
+    namespace = "raykv-start-join-roles"
+    config = raykv.RaykvConfig(namespace=namespace)
+    joined = ControlActor.options(namespace=namespace).remote(config, "first")
+    try:
+        assert ray.get(joined.join.remote("first")) is StartRole.FIRST
+        assert ray.get(joined.join.remote("second")) is StartRole.JOINED
+        assert ray.get(joined.close_if_alone.remote("first")) is False
+        assert stopping_until(namespace) is None
+    finally:
+        ray.kill(joined)
+    alone = ControlActor.options(namespace=namespace).remote(config, "first")
+    try:
+        assert ray.get(alone.join.remote("first")) is StartRole.FIRST
+        assert ray.get(alone.close_if_alone.remote("second")) is False  # not the first start
+        assert ray.get(alone.close_if_alone.remote("first")) is True
+        assert ray.get(alone.join.remote("third")) is StartRole.CLOSING
+        until = stopping_until(namespace)
+        assert until is not None and time.time() < until <= time.time() + 60
+    finally:
+        ray.kill(alone)
+        clear_stopping(namespace)
