@@ -32,6 +32,9 @@ from raykv.services.rules_store import clear_stopping, stopping_until
 logger = logging.getLogger(__name__)
 
 _POLL_S = 0.1
+#: Control actors found dead in a row before the error is the start's (a constructor
+#: that fails fails again; a stop's kill happens once).
+_DIED_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,19 @@ def join_control(config: RaykvConfig) -> Joined:
     """Join (or create) ``config.namespace``'s control actor, waiting out the stop of a
     failed first start (at most ``STOPPING_S``; then a ``RaykvError``)."""
     ns, token = config.namespace, uuid.uuid4().hex
-    deadline = time.monotonic() + STOPPING_S + 10.0
+    deadline, died = time.monotonic() + STOPPING_S + 10.0, 0
     while True:
         # Created with no tiers: each start lists the tiers it started (``add_tiers``), so
         # the config never names a tier whose start failed.
         control = named_actor(ControlActor, naming.CONTROL_ACTOR, ns, dataclasses.replace(config, tiers=[]), token)
         try:
             role: StartRole = get_riding_out_restart(lambda: control.join.remote(token))
-        except ray.exceptions.RayActorError:  # killed by the stop of a failed first start
-            role = StartRole.CLOSING
+        except ray.exceptions.RayActorError:  # killed by a stop, or its constructor failed
+            died += 1
+            if died > _DIED_TRIES:
+                raise
+            _wait_for_stop(control, ns, deadline)
+            continue
         if role is not StartRole.CLOSING:
             return Joined(ns, control, token, role is StartRole.FIRST)
         if time.monotonic() > deadline:
