@@ -83,15 +83,43 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
         raise ArgumentError("address", problem)
     check_reachable(address)
     target = address or "auto"
+    if target != "local" and "://" not in target:
+        _with_local_token()
     try:
         with signals.left_alone_by_ray_init() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)
         signals.after_ray_init()
     except ConnectionError as e:
+        if target != "auto":  # its port answered (``check_reachable``): Ray refused this process
+            raise RaykvError(
+                f"could not connect to the Ray cluster at address={target!r} (its port answers): where it "
+                "uses token authentication (Ray's default), this machine needs its token: `ray "
+                "get-auth-token` on its head node, then RAY_AUTH_TOKEN=<token> or ~/.ray/auth_token here"
+            ) from e
         raise RaykvError(
             f"no Ray cluster reachable at address={target!r}: start one with "
             "`ray start --head` (or `ray up`), or pass the cluster's address"
         ) from e
+
+
+def _with_local_token() -> None:
+    """Connect with this machine's Ray token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``),
+    unless RAY_AUTH_MODE says otherwise. Ray 2.60 does so for ``address="auto"`` only: to
+    an explicit address it connects without a token, which a cluster that ``ray start
+    --head`` started (token auth on by default) refuses after 20 s of retries. A client with
+    a token connects to a cluster without token auth too (checked with Ray 2.60). Ray has
+    no public API for this: it is the call ``ray.init`` makes for ``auto``."""
+    try:
+        from ray._private.authentication import authentication_token_setup as auth
+    except ImportError:  # a Ray release without token auth
+        return
+    quiet = logging.getLogger(auth.__name__)
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, at every command
+    try:
+        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        quiet.setLevel(level)
 
 
 def _namespace_problem(namespace: object) -> str | None:

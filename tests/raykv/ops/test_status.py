@@ -156,8 +156,13 @@ def _check(status: dict, root: str, placed: dict[str, int], totals: dict) -> Non
 def test_status_json_reports_tiers_and_occupancy(filled) -> None:
     services, root, placed, totals = filled
     address = ray.get_runtime_context().gcs_address
-    out = run_raykv("status", "--json", "--namespace", NS, "--address", address)
+    # As from a user's shell after `ray start --head`: no RAY_AUTH_MODE (this process's Ray
+    # set it), an explicit address, the cluster's token in ~/.ray/auth_token.
+    t0 = time.monotonic()
+    out = run_raykv("status", "--json", "--namespace", NS, "--address", address, env={"RAY_AUTH_MODE": None})
     assert out.returncode == 0, out.stderr[-3000:]
+    assert time.monotonic() - t0 < 15  # not 20 s of retries without the token first
+    assert "Token authentication is enabled" not in out.stderr
     _check(json.loads(out.stdout), root, placed, totals)
 
 
