@@ -501,7 +501,10 @@ def start(config: RaykvConfig | Mapping[str, object] | None = None, *, address: 
             finally:
                 stop_done(ns)
         else:  # what runs stays, another start's too: its config lists the tiers that started
-            _list_started_tiers(services, started, running)
+            try:
+                _list_started_tiers(services, started, running)
+            except Exception as e:  # the start's own error matters more
+                logger.warning("raykv start failed, and listing the tiers it had started failed too: %r", e)
         raise
     _list_started_tiers(services, started, running)
     grafana.provision()
