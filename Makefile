@@ -19,7 +19,7 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-vllm test-serve test-e2e test-soak lint test-vllm-matrix install install-vllm-0.29 clean
+.PHONY: demo test test-vllm test-serve test-e2e test-long test-soak lint test-vllm-matrix install install-vllm-0.29 clean
 
 install: $(STAMP)
 
@@ -66,10 +66,15 @@ demo: $(STAMP)
 # (marked `e2e`: the demo and the benches' quick runs, about 10 minutes) and the
 # real-engine tests beyond the wrong-bytes ones (marked `vllm_engine`: CPU offload,
 # cascade drops, KV events, step costs, AMX; about 8 minutes;
-# model identity, tenants and the cross-node hit stay in): `make test-serve`,
-# `make test-e2e` and `make test-vllm` run them, and .ci/run runs them all.
+# model identity, tenants and the cross-node hit stay in) and the long tests that
+# check no wrong-bytes rule (marked `long`: the short soak, the 1M-lookup bound,
+# Ray session lifecycles; about 2 minutes): `make test-serve`, `make test-e2e`,
+# `make test-vllm` and `make test-long` run them, and .ci/run runs them all.
 test: $(STAMP)
-	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e and not vllm_engine" $(PYTEST_ARGS)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e and not vllm_engine and not long" $(PYTEST_ARGS)
+
+test-long: $(STAMP)
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "long and not serve and not e2e and not vllm_engine" $(PYTEST_ARGS)
 
 test-vllm: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "vllm_engine and not serve and not e2e" $(PYTEST_ARGS)

@@ -29,6 +29,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.long  # two Ray sessions in a fresh interpreter
+
 SESSIONS = 2  # each a Ray start (~5 s); the second shows the first's thread left
 
 _SCRIPT = f"""

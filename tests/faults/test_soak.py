@@ -1,8 +1,8 @@
 """Soak: a bounded randomized run of store / load / evict / kill on a real
 local Ray, checking every invariant after every step.
 
-The short run (~25 s) is part of the default suite; ``--soak`` adds the long
-one (at most 5 minutes). The seed is printed so a failure can be replayed
+The short run (~25 s) is marked ``long`` (``make test-long``, which CI runs);
+``--soak`` adds the long one (at most 5 minutes). The seed is printed so a failure can be replayed
 (``RAYKV_SOAK_SEED``).
 """
 
@@ -108,6 +108,7 @@ def soak(services, tmp_path, seconds: float) -> dict:
     return ops
 
 
+@pytest.mark.long
 def test_soak_short(soak_services, tmp_path):
     ops = soak(soak_services, tmp_path, float(os.environ.get("RAYKV_SOAK_SHORT_S", 25)))
     assert sum(ops.values()) >= 4

@@ -1,4 +1,5 @@
-"""Both notebooks run top to bottom in a real Jupyter kernel (so they cannot rot)."""
+"""Both notebooks run top to bottom in a real Jupyter kernel (so they cannot rot;
+``make test-e2e``, which CI runs)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from tests.clusters import start_local_ray
+
+# Whole runs of the product, as `raykv demo` is: `make test-e2e`.
+pytestmark = pytest.mark.e2e
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 NS = "raykv-inspect-test"

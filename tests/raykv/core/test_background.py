@@ -45,6 +45,7 @@ def test_answers_errors_and_timeouts_are_ray_gets() -> None:
         ray.shutdown()
 
 
+@pytest.mark.long  # three Ray sessions
 def test_a_waiting_thread_ends_with_its_session_and_ray_starts_again() -> None:
     """ray-project/ray#31145: a thread inside ray.wait across ray.shutdown crashes the
     process later. Here the thread waits outside Ray and leaves once the session ends."""

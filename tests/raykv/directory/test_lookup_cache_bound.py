@@ -39,6 +39,7 @@ def bounded(ray_local):
     services.shutdown()
 
 
+@pytest.mark.long  # 20-25 s on a 2-core host
 def test_a_million_distinct_lookups_keep_the_cache_within_its_cap(bounded):
     services, tier = bounded
     cache = services.lookup_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import ray
 
 import raykv
@@ -11,6 +12,8 @@ from raykv.core.factory import TierFactory
 from raykv.engine.primary import PrimaryRegion
 from tests.clusters import start_local_ray
 from tests.waiting import wait_until
+
+pytestmark = pytest.mark.long  # two Ray sessions
 
 
 def _control_threads() -> list[threading.Thread]:
