@@ -60,10 +60,10 @@ class ControlActor:
 
     def __init__(self, config: RaykvConfig, starter: str = "") -> None:
         self._config = config
-        #: The start that created this actor (``join``), every start that joined it
+        #: The start that created this actor (``join``), whether another start joined it
         #: since, and until when a failed first start is stopping it (``time.time()``).
         self._starter = starter
-        self._joined = {starter}
+        self._others_joined = False
         self._stopping_until: float | None = None
         self._rules: dict[str, PolicyRule] = {}
         self._version = 0
@@ -139,7 +139,7 @@ class ControlActor:
         if self._stopping():
             return StartRole.CLOSING
         self._stopping_until = None  # (a stop that outlived STOPPING_S died with its start)
-        self._joined.add(token)
+        self._others_joined |= token != self._starter
         return StartRole.FIRST if token == self._starter and not self._reconstructed else StartRole.JOINED
 
     async def close_if_alone(self, token: str) -> bool:
@@ -147,7 +147,7 @@ class ControlActor:
         joined it. Then starts that join are told CLOSING, for at most ``STOPPING_S``,
         and the GCS notes the stop (``rules_store.mark_stopping``) before this answers."""
         self.calls["close_if_alone"] += 1
-        if token != self._starter or self._joined != {token} or self._reconstructed:
+        if token != self._starter or self._others_joined or self._reconstructed:
             return False
         self._stopping_until = time.time() + STOPPING_S
         mark_stopping(self._config.namespace, self._stopping_until)
