@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "recompute": "raykv.bench.recompute",  # prefill time per token against loading its KV (torch only; CUDA too)
     "routing": "raykv.bench.routing",  # a Ray Serve LLM app under three request routers
     "serve": "raykv.bench.serve",  # a Ray Serve LLM app with and without raykv under streaming load
+    "view-reads": "raykv.bench.view_reads",  # engines' reads of the node's directory view, every core busy
 }
 
 

@@ -329,7 +329,7 @@ def _published_view(namespace: str, node_id: str, max_keys: int, all_keys: bool)
         all_keys=all_keys,
         on_complete=writer.set_complete,
     )
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     return writer, view
 
 

@@ -411,11 +411,6 @@ class LookupCache:
         return len(self._answers)
 
     @property
-    def view_answers(self) -> int:
-        """Keys answered from the node's view."""
-        return self._overlay.answers if self._overlay is not None else 0
-
-    @property
     def ttl_s(self) -> float:
         """How long an answer is trusted."""
         return self._answers.ttl_s
@@ -532,18 +527,23 @@ class LookupCache:
         with self._lock:
             self._answers.put(keys, answers)
 
-    def resolve(self, keys: Sequence[bytes], timeout_s: float) -> bool:
+    def resolve(self, keys: Sequence[bytes], timeout_s: float, unanswered: Callable[[str], None] | None = None) -> bool:
         """Look ``keys`` up now, in one batched call, and wait at most
         ``timeout_s`` for the answer (a request's whole prefix at its first
         lookup: its HITs and MISSes are then known in the step that asked).
         True when answered in time; otherwise the answer lands later, as for
-        ``request`` + ``flush``."""
+        ``request`` + ``flush``. Where the node's view leaves keys to ask for,
+        ``unanswered`` is told why (``raykv.directory.view_overlay.UNANSWERED``)."""
+        why = None
         with self._lock:
             unknown = [k for k in dict.fromkeys(keys) if k not in self._answers and k not in self._in_flight]
             if unknown and self._overlay is not None:
                 answered = self._overlay.read_prefix(unknown)
                 unknown = [k for k in unknown if k not in answered]
+                why = self._overlay.unanswered
             full = len(self._in_flight) + len(unknown) > self.max_entries
+        if why is not None and unanswered is not None:
+            unanswered(why)
         if not unknown:
             return True
         if full:  # the directory is behind: the keys go with the step's batched call as room frees

@@ -195,8 +195,11 @@ class NodeView:
                 values[~self._local_sets()[values]] = 0
                 self.table.compact(n)
                 self.resets += 1
-        with self.change():
-            self.table.reserve(n)
+        # A rebuild fills a new table that readers do not see yet (a shared view's allocator):
+        # they read the current one meanwhile, and are sent to the new one by a change.
+        if self.table.reserve(n):
+            with self.change():
+                pass
 
     # -- reading -------------------------------------------------------------
     @property

@@ -23,6 +23,12 @@ from collections.abc import Sequence
 from raykv.core.wire import HolderInfo
 from raykv.directory.shm_view import ViewReader
 
+#: Why a prefix read left keys to ask the agent for: the view's read was given up
+#: (``ViewReader.gave_up``'s reasons), its read held but it does not know them (a
+#: view of asked keys, or one still filling), it lists them under a holder set its
+#: holder table lacks, or a failed load made them distrusted here.
+UNANSWERED = ("busy", "stale", "remap", "decode", "no view", "not known", "no holder set", "distrusted")
+
 
 class ViewOverlay:
     """One process's corrections to the node's view (see the module docstring)."""
@@ -41,6 +47,8 @@ class ViewOverlay:
         self._own: OrderedDict[bytes, tuple[float, list[HolderInfo]]] = OrderedDict()
         self._recent: dict[bytes, list[HolderInfo]] = {}
         self._recent_at = 0.0
+        #: Why the last ``read_prefix`` left keys unanswered (None: it answered them all).
+        self.unanswered: str | None = None
 
     def get(self, key: bytes) -> list[HolderInfo] | None:
         """The view's answer for ``key`` with our own stores added; None when the
@@ -59,7 +67,8 @@ class ViewOverlay:
 
     def read_prefix(self, keys: Sequence[bytes]) -> dict[bytes, list[HolderInfo]]:
         """The view's answers for the trusted ones of ``keys``, read in one go; kept
-        for ``RECENT_S`` for the step's other lookups."""
+        for ``RECENT_S`` for the step's other lookups. Where some key is left
+        unanswered, ``unanswered`` says why."""
         trusted = [k for k in keys if not self._distrust or self.distrusted(k) is None]
         known = self.view.lookup(trusted)
         now = time.monotonic()
@@ -69,7 +78,19 @@ class ViewOverlay:
         answered = {k: h for k, h in zip(trusted, known) if h is not None}
         self.answers += len(answered)
         self._recent.update(answered)
+        self.unanswered = None
+        if len(answered) < len(keys):
+            self.unanswered = self._why_unanswered(len(answered) < len(trusted))
         return answered
+
+    def _why_unanswered(self, in_view: bool) -> str:
+        """Why the last ``read_prefix`` left keys unanswered (``UNANSWERED``): ``in_view``,
+        some trusted key was not answered by the view; otherwise only distrusted ones."""
+        if not in_view:
+            return "distrusted"
+        if self.view.unread is not None:
+            return self.view.unread  # the read was given up (``ViewReader.gave_up``)
+        return "no holder set" if self.view.complete else "not known"
 
     def distrusted(self, key: bytes) -> tuple[float, str | None] | None:
         """Whether (and for which tier type) ``key``'s view answer is not trusted now."""

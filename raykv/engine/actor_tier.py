@@ -286,7 +286,8 @@ class DirectoryBackedTier(SecondaryTier):
             return False  # nothing to gain over the step's batched call
         if self._pending is not None:  # who computes them now, answered in the same call
             keys += [pending_key(k) for k in keys]
-        return self._cache.resolve(keys, self._cache.round_trips.wait_budget(self._lookup_wait_s))
+        budget = self._cache.round_trips.wait_budget(self._lookup_wait_s)
+        return self._cache.resolve(keys, budget, unanswered=self.metrics.view_unanswered)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
         if self._pending is not None:

@@ -99,6 +99,14 @@ _SPECS = (
         LATENCY_BOUNDARIES,
     ),
     MetricSpec(
+        "raykv_lookup_view_unanswered",
+        COUNTER,
+        "requests' first lookups the node's directory view left keys of to ask the agent for, by why "
+        "(busy: its writer mid-change; stale, no view, remap, decode; not known: a view of asked keys "
+        "or one still filling; no holder set; distrusted: after a failed load)",
+        (*ENGINE_TAGS, "why"),
+    ),
+    MetricSpec(
         "raykv_lookup_retry_budget_misses",
         COUNTER,
         "lookups answered MISS instead of RETRY: the request had waited out lookup_retry_budget_ms",

@@ -38,6 +38,7 @@ class TierMetrics:
         self._lock = threading.Lock()
         self._lookups = {LookupResult.HIT: 0, LookupResult.MISS: 0, LookupResult.RETRY: 0}
         self._budget_misses = 0  # MISS answers given because a request's RETRY budget was spent
+        self._unanswered: dict[str, int] = {}  # first lookups the node's view left to ask for, by why
         self._counts: dict[str, int] = {}
         self._jobs: dict[str, dict[str, int]] = {}  # kind -> {"finished": n, "failed": n}
         self._latencies: list[tuple[str, float]] = []
@@ -46,6 +47,8 @@ class TierMetrics:
         self.totals: dict[str, int] = {}  # everything ever flushed (tools and tests)
         #: every failure ever counted, by (kind, reason) (tools, tests, vLLM stats)
         self.failure_totals: dict[tuple[str, str], int] = {}
+        #: every first lookup the node's view left to ask for, by why (tools, tests, vLLM stats)
+        self.unanswered_totals: dict[str, int] = {}
 
     def lookup(self, result: LookupResult) -> None:
         self._lookups[result] = self._lookups.get(result, 0) + 1
@@ -53,6 +56,12 @@ class TierMetrics:
     def retry_budget_miss(self) -> None:
         """One lookup answered MISS (also counted by ``lookup``) past its request's RETRY budget."""
         self._budget_misses += 1
+
+    def view_unanswered(self, why: str) -> None:
+        """One request's first lookup found keys the node's view could not answer, for ``why``
+        (``raykv.directory.view_overlay.UNANSWERED``): it asked the agent."""
+        self._unanswered[why] = self._unanswered.get(why, 0) + 1
+        self.unanswered_totals[why] = self.unanswered_totals.get(why, 0) + 1
 
     def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None:
         """Account one job's result (its kind comes from ``is_promotion``: loads promote)."""
@@ -88,6 +97,10 @@ class TierMetrics:
         self._lookups[LookupResult.RETRY] -= retries
         budget_misses = self._budget_misses
         self._budget_misses -= budget_misses
+        if self._unanswered:
+            unanswered, self._unanswered = self._unanswered, {}
+            for why, n in unanswered.items():
+                record("raykv_lookup_view_unanswered", n, {**self.tags, "why": why})
         with self._lock:
             counts, self._counts = self._counts, {}
             jobs, self._jobs = self._jobs, {}

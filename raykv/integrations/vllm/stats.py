@@ -38,6 +38,7 @@ COUNTERS = {
     "raykv_blocks_stored": ("vllm:raykv_blocks_stored", "blocks stored into the raykv tier"),
 }
 FAILURES = "vllm:raykv_job_failures"
+VIEW_UNANSWERED = "vllm:raykv_lookup_view_unanswered"
 #: Per engine: ``StepCost.take`` delta -> vLLM series, description.
 ENGINE_COUNTERS = {
     "steps": ("vllm:raykv_engine_steps", "engine steps measured by raykv"),
@@ -68,6 +69,11 @@ class TierStats:
         defs[FAILURES] = OffloadingCounterMetadata(
             documentation="failed raykv store/load jobs by kind and reason", labelnames=("tier", "kind", "reason")
         )
+        defs[VIEW_UNANSWERED] = OffloadingCounterMetadata(
+            documentation="requests' first lookups the node's directory view left keys of to ask the agent for, "
+            "by why (raykv.directory.view_overlay.UNANSWERED)",
+            labelnames=("tier", "why"),
+        )
         for name, doc in ENGINE_COUNTERS.values():
             defs[name] = OffloadingCounterMetadata(documentation=doc)
         defs[STEP_SECONDS] = OffloadingHistogramMetadata(
@@ -88,6 +94,8 @@ class TierStats:
                 self._add(stats, series, total_name, metrics.totals.get(total_name, 0), self.labels)
             for (kind, reason), n in list(metrics.failure_totals.items()):
                 self._add(stats, FAILURES, (kind, reason), n, (*self.labels, kind, reason))
+            for why, n in list(metrics.unanswered_totals.items()):
+                self._add(stats, VIEW_UNANSWERED, ("view", why), n, (*self.labels, why))
         if step_cost is not None and step_cost.steps + step_cost.requests:
             deltas, steps, retries = step_cost.take()
             for key, (series, _) in ENGINE_COUNTERS.items():

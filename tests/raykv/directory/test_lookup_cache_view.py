@@ -33,7 +33,7 @@ class CountingClient:
 def setup(tmp_path):
     writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
     view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     view.slot(0, OS)
     client = CountingClient()
     cache = LookupCache(client, ttl_s=0.5, view=ViewReader(writer.path))
@@ -83,6 +83,24 @@ def test_a_failed_load_makes_the_view_distrusted_for_those_keys(setup):
             cache.request(k)
     cache.flush()
     assert client.asked == keys[:1]
+
+
+def test_a_prefix_the_view_leaves_to_ask_for_says_why(setup, tmp_path):
+    view, client, cache = setup
+    keys = _keys(6)
+    view.register(0, "os", to_blob(fingerprints(keys[:2])))
+    whys: list[str] = []
+    assert cache.resolve(keys[:2], 0.0, unanswered=whys.append) and whys == []  # all answered: nothing said
+    cache.resolve(keys[2:3], 0.0, unanswered=whys.append)  # a view of asked keys does not know a new one
+    cache.invalidate(keys[:1], "object_store")
+    cache.resolve(keys[:1], 0.0, unanswered=whys.append)  # a failed load's key is asked again
+    with view.change():  # the agent mid-change for longer than a reader waits
+        cache.resolve(keys[3:4], 0.0, unanswered=whys.append)
+    assert whys == ["not known", "distrusted", "busy"]
+    assert client.asked == [keys[2], keys[0], keys[3]]
+    gone = LookupCache(CountingClient(), ttl_s=0.5, view=ViewReader(str(tmp_path / "no-agent")))
+    gone.resolve(keys[4:5], 0.0, unanswered=whys.append)  # no agent (yet) on this node
+    assert whys[-1] == "no view"
 
 
 def _nobody(n: int):

@@ -28,7 +28,7 @@ REMOTE = HolderInfo("remote", "object_store", "PLASMA", "b", "ns", node_id="node
 def shared(tmp_path):
     writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
     view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     yield writer, view, ViewReader(writer.path)
     writer.close()
 
@@ -74,6 +74,30 @@ def test_a_growing_table_moves_to_a_new_file(shared, tmp_path):
     tables = [p for p in os.listdir(tmp_path) if "." in p]
     assert tables == [os.path.basename(writer.path) + f".{writer.generation}"]  # old generations unlinked
     assert all(h == [LOCAL] for h in reader.lookup(keys))
+
+
+def test_readers_read_the_old_table_while_a_new_one_is_filled(shared):
+    """A growing view's rebuild (tens of ms for a million keys) is no change in progress:
+    readers keep reading the current table meanwhile, then the new one, which is whole."""
+    writer, view, reader = shared
+    view.slot(0, LOCAL)
+    keys = _keys(900)
+    view.register(0, "local", to_blob(fingerprints(keys[:800])))
+    allocate, during = writer.allocate, []
+
+    def allocate_and_read(buckets: int):  # the rebuild begins: what does a reader get now?
+        arrays = allocate(buckets)
+        before = reader.retries
+        during.append((reader.lookup(keys[:800]), reader.retries - before, dict(reader.gave_up)))
+        return arrays
+
+    view.table._allocate = allocate_and_read
+    first = writer.generation
+    view.register(0, "local", to_blob(fingerprints(keys[800:])))  # 900 keys: past the table's load
+    assert writer.generation > first and len(during) == 1
+    found, retries, gave_up = during[0]
+    assert found == [[LOCAL]] * 800 and retries == 0 and not gave_up  # at once, from the old table
+    assert reader.lookup(keys) == [[LOCAL]] * 900  # then the new one, every key in it
 
 
 def test_reads_never_see_a_half_made_change(shared):
@@ -123,7 +147,7 @@ def test_reads_never_see_a_half_made_change(shared):
 
 def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch, caplog):
     """A change that outlasts the reader's quick tries (a growing table, a writer descheduled
-    mid-change on a busy host): the reader yields and reads once the change ends, for up to
+    mid-change on a busy host): the reader naps and reads once the change ends, for up to
     ``READ_WAIT_NS``; past that it gives up, and the engine asks the agent."""
     _, view, reader = shared
     view.slot(0, LOCAL)
@@ -159,9 +183,12 @@ def test_a_reader_waits_out_a_change_in_progress(shared, monkeypatch, caplog):
     monkeypatch.setattr(shm_view, "READ_WAIT_NS", 5_000_000_000)  # longer than this test's change
     retries = reader.retries
     t = change_for(0.05)
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.thread_time()
     assert reader.lookup(keys) == [[LOCAL]] * 8  # read after the change, not given up
-    assert time.monotonic() - t0 >= 0.02 and reader.retries > retries + shm_view.READ_TRIES
+    waited, cpu = time.monotonic() - t0, time.thread_time() - cpu0
+    assert waited >= 0.02 and reader.retries > retries + shm_view.READ_TRIES
+    # It napped, leaving its core to the writer it waited for (a yielding reader keeps it: CPU = wall).
+    assert cpu < 0.5 * waited, (cpu, waited)
     t.join()
 
 
@@ -191,7 +218,7 @@ def test_a_fresh_view_is_read_before_its_first_change(tmp_path):
     view = NodeView(
         "node-a", allocate=writer.allocate, changing=writer.changing, all_keys=True, on_complete=writer.set_complete
     )
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     reader = ViewReader(writer.path)
     try:
         assert reader.lookup(_keys(3)) == [None] * 3 and reader.reads == 1
@@ -263,7 +290,7 @@ def test_a_complete_view_answers_nobody_for_what_it_does_not_list(tmp_path):
         all_keys=True,
         on_complete=writer.set_complete,
     )
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     reader = ViewReader(writer.path)
     try:
         view.slot(0, REMOTE)
@@ -300,7 +327,7 @@ def small_tmpfs(tmp_path, request):
 def _published(folder) -> NodeView:
     writer = ViewWriter(view_path("ns", "node-a", str(folder)))
     view = NodeView("node-a", allocate=writer.allocate, changing=writer.changing)
-    writer.publish_from(lambda: (view.version, *view.decode_table()))
+    writer.publish_from(lambda: view.version, view.decode_table)
     view.writer = writer  # (for the test)
     return view
 
