@@ -183,19 +183,9 @@ def _one_mode(mode: str, nap_s: float, args: argparse.Namespace) -> Report:
 def _write(path: str, pause_s: float, keys_per_change: int, stop: Event, ready: Event, written: Synchronized) -> None:
     """The agent's part: a complete view, ``keys_per_change`` new keys per change."""
     from raykv.directory.fingerprint import fingerprints, to_blob
-    from raykv.directory.shm_view import ViewWriter
-    from raykv.directory.view import NodeView
+    from raykv.directory.shm_view import published_view
 
-    writer = ViewWriter(path)
-    view = NodeView(
-        "node",
-        max_keys=1 << 30,
-        allocate=writer.allocate,
-        changing=writer.changing,
-        all_keys=True,
-        on_complete=writer.set_complete,
-    )
-    writer.publish_from(lambda: view.version, view.decode_table)
+    writer, view = published_view(path, "node", max_keys=1 << 30, all_keys=True)  # as the agent's
     for holder in _HOLDERS:
         view.slot(0, holder)
     view.complete = True

@@ -37,8 +37,7 @@ from raykv.directory.agent_state import AgentState, FeedPosition
 from raykv.directory.fingerprint import from_blob, to_blob
 from raykv.directory.messages import AgentStats, FeedOp, FeedPage, ShardBatchReply
 from raykv.directory.replaced import take_replacement
-from raykv.directory.shm_view import ViewWriter, view_path
-from raykv.directory.view import NodeView
+from raykv.directory.shm_view import ViewWriter, published_view, view_path
 from raykv.directory.window import AgentWindow
 from raykv.metrics import status_log
 from raykv.metrics.recorders import AgentFigures, publish_agent_metrics
@@ -85,7 +84,7 @@ class DirectoryAgent:
         self.namespace, self.node_id = namespace, node_id
         self.shards = shards
         self.window_s = window_ms / 1000.0
-        self.writer, view = _published_view(namespace, node_id, max_keys, all_keys)
+        self.writer, view = published_view(view_path(namespace, node_id), node_id, max_keys, all_keys)
         self._reading = 0  # shards whose holders' keys are being read
         self.state = AgentState(view, len(shards))
         self.started_at = time.time()
@@ -316,21 +315,6 @@ class DirectoryAgent:
     async def close(self) -> None:
         """Remove the shared view (before ``ray.kill``: engines then ask nobody)."""
         self.writer.close()
-
-
-def _published_view(namespace: str, node_id: str, max_keys: int, all_keys: bool) -> tuple[ViewWriter, NodeView]:
-    """A node view whose every change is published in ``/dev/shm`` by its writer."""
-    writer = ViewWriter(view_path(namespace, node_id))
-    view = NodeView(
-        node_id,
-        max_keys,
-        allocate=writer.allocate,
-        changing=writer.changing,
-        all_keys=all_keys,
-        on_complete=writer.set_complete,
-    )
-    writer.publish_from(lambda: view.version, view.decode_table)
-    return writer, view
 
 
 async def _beat(writer: ViewWriter) -> None:

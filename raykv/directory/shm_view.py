@@ -41,6 +41,7 @@ from raykv.core.logs import Throttled
 from raykv.core.wire import HolderInfo
 from raykv.directory.fingerprint import fingerprint, fingerprints
 from raykv.directory.fptable import BUCKET, FingerprintTable
+from raykv.directory.view import NodeView
 
 SHM_DIR = "/dev/shm"
 PREFIX = "raykv_view_"
@@ -316,6 +317,21 @@ class ViewWriter:
         for generation in {self._table_gen, self.generation}:
             self._unlink(f"{self.path}.{generation}")
         self._unlink(self.path)
+
+
+def published_view(path: str, node_id: str, max_keys: int, all_keys: bool) -> tuple[ViewWriter, NodeView]:
+    """A node view whose every change is published at ``path`` by its writer (the agent's)."""
+    writer = ViewWriter(path)
+    view = NodeView(
+        node_id,
+        max_keys,
+        allocate=writer.allocate,
+        changing=writer.changing,
+        all_keys=all_keys,
+        on_complete=writer.set_complete,
+    )
+    writer.publish_from(lambda: view.version, view.decode_table)
+    return writer, view
 
 
 class ViewReader:

@@ -40,7 +40,6 @@ class ViewOverlay:
         self.view = view
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self.answers = 0  # keys answered from the view
         #: Distrusted keys: until when, and the tier type invalidated (None: all).
         self._distrust: OrderedDict[bytes, tuple[float, str | None]] = OrderedDict()
         #: Our own stores: until when, and the holders.
@@ -62,7 +61,6 @@ class ViewOverlay:
             holders = self.view.get(key)
         if holders is None:
             return None
-        self.answers += 1
         return self._with_own(key, holders) if self._own else holders
 
     def read_prefix(self, keys: Sequence[bytes]) -> dict[bytes, list[HolderInfo]]:
@@ -76,7 +74,6 @@ class ViewOverlay:
             self._recent = {}
             self._recent_at = now
         answered = {k: h for k, h in zip(trusted, known) if h is not None}
-        self.answers += len(answered)
         self._recent.update(answered)
         self.unanswered = None
         if len(answered) < len(keys):
