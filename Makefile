@@ -68,8 +68,9 @@ demo: $(STAMP)
 # cascade drops, KV events, step costs, AMX; about 8 minutes;
 # model identity, tenants and the cross-node hit stay in) and the long tests that
 # check no wrong-bytes rule (marked `long`: the short soak, the 1M-lookup bound,
-# Ray session lifecycles; about 2 minutes): `make test-serve`, `make test-e2e`,
-# `make test-vllm` and `make test-long` run them, and .ci/run runs them all.
+# Ray session lifecycles, the cluster YAMLs' start commands with and without a
+# token; about 4 minutes): `make test-serve`, `make test-e2e`, `make test-vllm`
+# and `make test-long` run them, and .ci/run runs them all.
 test: $(STAMP)
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest -m "not serve and not e2e and not vllm_engine and not long" $(PYTEST_ARGS)
 
