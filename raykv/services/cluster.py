@@ -93,7 +93,7 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
         if target != "auto":  # its port answered (``check_reachable``): Ray refused this process
             raise RaykvError(
                 f"could not connect to the Ray cluster at address={target!r} (its port answers): where it "
-                "uses token authentication (Ray's default), this machine needs its token: `ray "
+                "uses token authentication, this machine needs the head's token: `ray "
                 "get-auth-token` on its head node, then RAY_AUTH_TOKEN=<token> or ~/.ray/auth_token here"
             ) from e
         raise RaykvError(

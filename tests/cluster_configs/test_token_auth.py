@@ -200,3 +200,17 @@ def test_the_yamls_start_a_head_and_a_worker_with_or_without_a_token(
         timeout=60,
     )
     assert (refused.returncode != 0) == token, refused.stdout[-2000:] + refused.stderr[-2000:]
+    if token and name == "onprem.yaml":
+        # raykv with the wrong token: an error that says the machine needs the head's token, not
+        # "no Ray cluster reachable" (Ray retries the connection for about 20 s first).
+        wrong = subprocess.run(
+            [f"{BIN}/raykv", "status", "--no-metrics", "--address", f"127.0.0.1:{one_machine.gcs}"],
+            env={**one_machine.env, "RAY_AUTH_TOKEN": "0" * 32},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert wrong.returncode != 0 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
+        assert "(its port answers)" in wrong.stderr and "`ray get-auth-token` on its head node" in wrong.stderr, (
+            wrong.stderr[-3000:]
+        )
