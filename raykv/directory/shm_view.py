@@ -473,8 +473,8 @@ class ViewReader:
             if seq is not None:
                 yield seq
                 self._busy, self._why = True, "busy"  # the caller's read was torn: the writer is mid-change
-            elif self._hdr is None:
-                self.gave_up["no view"] += 1  # no agent (yet): not worth a warning
+            elif self._why == "no view":  # no agent, or none that has shown a table, yet: not worth a warning
+                self.gave_up["no view"] += 1
                 self.unread = "no view"
                 return
             self.retries += 1

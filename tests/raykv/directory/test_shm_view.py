@@ -261,6 +261,21 @@ def test_no_view_means_ask(tmp_path):
     assert reader.lookup(_keys(3)) == [None] * 3 and reader.get(b"x" * 40) is None
 
 
+def test_a_view_with_no_table_shown_yet_means_ask_without_a_warning(tmp_path, caplog):
+    """An agent between creating its view and showing its first table (its header says
+    generation 0): readers ask the agent at once, as with no view, and warn of nothing.
+    Before, each read tried ``READ_TRIES`` times and was given up with a warning."""
+    writer = ViewWriter(view_path("ns", "node-a", str(tmp_path)))
+    reader = ViewReader(writer.path)
+    try:
+        with caplog.at_level(logging.WARNING, logger=shm_view.__name__):
+            assert reader.lookup(_keys(3)) == [None] * 3 and reader.get(b"x" * 40) is None
+        assert reader.gave_up == {"no view": 2} and reader.unread == "no view" and reader.retries == 0
+        assert not [r for r in caplog.records if "could not be read" in r.getMessage()], caplog.text
+    finally:
+        writer.close()
+
+
 def test_view_keeps_local_keys_when_full(tmp_path):
     view = NodeView("node-a", max_keys=2000)
     view.slot(0, LOCAL)
