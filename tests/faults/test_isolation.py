@@ -94,8 +94,13 @@ _AUTH_OFF = re.compile(
 )
 
 
+# Turning token auth on is allowed (the cluster YAMLs' workers: RAY_AUTH_MODE=token where the node
+# has a token); any other value, or one the line does not spell out, is an offender.
+_AUTH_ON = re.compile(r"""(RAY_AUTH_MODE|auth_mode)["']?\]?\s*[:=,]?\s*["']?token\b""", re.IGNORECASE)
+
+
 def _auth_offenders(text: str) -> list[str]:
-    return [line.strip() for line in text.splitlines() if _AUTH_OFF.search(line)]
+    return [line.strip() for line in text.splitlines() if _AUTH_OFF.search(_AUTH_ON.sub("", line))]
 
 
 def test_raykv_never_turns_off_ray_token_auth():
@@ -106,8 +111,18 @@ def test_raykv_never_turns_off_ray_token_auth():
         "RAY_AUTH_MODE=disabled ray start --head",
         "env: {RAY_AUTH_MODE: disabled}",
         "ray.init(_system_config={'auth_mode': 'disabled'})",
+        "RAY_AUTH_MODE=token RAY_AUTH_MODE=disabled ray start --head",
+        "RAY_AUTH_MODE=$MODE ray start --head",
+        "RAY_AUTH_MODE=tokenless ray start --head",
     ):
         assert _auth_offenders(bad), bad
+    # ...and lets turning it on pass
+    for good in (
+        "env $(test -s ~/.ray/auth_token && echo RAY_AUTH_MODE=token) ray start --address=$RAY_HEAD_IP:6379",
+        'os.environ["RAY_AUTH_MODE"] = "token"',
+        "env: {RAY_AUTH_MODE: token}",
+    ):
+        assert not _auth_offenders(good), good
     files = [
         p
         for d in ("raykv", "tiers", "cluster_configs", ".ci", "notebooks")
