@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cli_run import run_raykv
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.long
@@ -107,14 +108,10 @@ class OneMachineCluster:
             return -1
         return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else -1
 
-    def status(self) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [f"{BIN}/raykv", "status", "--no-metrics", "--address", f"127.0.0.1:{self.gcs}"],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+    def raykv(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        """``raykv ARGS --address HEAD`` in this cluster's environment (``env``: names set over it)."""
+        unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("RAY_")}
+        return run_raykv(*args, address=f"127.0.0.1:{self.gcs}", env={**unset, **self.env, **env})
 
     def failed_start(self) -> str | None:
         """The output of a `ray start` that exited (with --block, a start that ends failed)."""
@@ -134,12 +131,7 @@ class OneMachineCluster:
         self.raykv_config.write_text(yaml.safe_dump(doc))
 
     def stop(self) -> None:
-        subprocess.run(
-            [f"{BIN}/raykv", "stop", "--address", f"127.0.0.1:{self.gcs}"],
-            env=self.env,
-            capture_output=True,
-            timeout=60,
-        )
+        self.raykv("stop")
         for proc, _ in self._blocking:  # each `ray start` and what it started (a session of its own)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -184,7 +176,7 @@ def test_the_yamls_start_a_head_and_a_worker_with_or_without_a_token(
         out = one_machine.run(command)
         assert out.returncode == 0, f"{command}:\n{out.stderr[-3000:]}"
 
-    status = one_machine.status()
+    status = one_machine.raykv("status", "--no-metrics")
     assert status.returncode == 0, status.stderr
     assert re.search(r"raykv-control\s+yes", status.stdout), status.stdout
     # The worker's raykv start (the YAML's own, with --address) started its node's object store tier.
@@ -203,13 +195,7 @@ def test_the_yamls_start_a_head_and_a_worker_with_or_without_a_token(
     if token and name == "onprem.yaml":
         # raykv with the wrong token: an error that says the machine needs the head's token, not
         # "no Ray cluster reachable" (Ray retries the connection for about 20 s first).
-        wrong = subprocess.run(
-            [f"{BIN}/raykv", "status", "--no-metrics", "--address", f"127.0.0.1:{one_machine.gcs}"],
-            env={**one_machine.env, "RAY_AUTH_TOKEN": "0" * 32},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        wrong = one_machine.raykv("status", "--no-metrics", RAY_AUTH_TOKEN="0" * 32)
         assert wrong.returncode != 0 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
         assert "(its port answers)" in wrong.stderr and "`ray get-auth-token` on its head node" in wrong.stderr, (
             wrong.stderr[-3000:]
