@@ -39,6 +39,7 @@ from raykv.services import grafana
 from raykv.services.joining import join_control, may_stop_after_failure, stop_done
 from raykv.services.messages import ControlStats
 from raykv.services.pinning import Unpinned, unpin_everywhere
+from raykv.services.ray_token import match_cluster_token_auth
 from raykv.services.rules_store import drop_added_tiers, drop_rules
 
 logger = logging.getLogger(__name__)
@@ -83,8 +84,8 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
         raise ArgumentError("address", problem)
     check_reachable(address)
     target = address or "auto"
-    if target != "local" and "://" not in target:
-        _with_local_token()
+    if target not in ("local", "auto") and "://" not in target:
+        match_cluster_token_auth(target)  # Ray does so itself for "auto"
     try:
         with signals.left_alone_by_ray_init() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)
@@ -100,26 +101,6 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
             f"no Ray cluster reachable at address={target!r}: start one with "
             "`ray start --head` (or `ray up`), or pass the cluster's address"
         ) from e
-
-
-def _with_local_token() -> None:
-    """Connect with this machine's Ray token (``~/.ray/auth_token``, ``RAY_AUTH_TOKEN``),
-    unless RAY_AUTH_MODE says otherwise. Ray 2.60 does so for ``address="auto"`` only: to
-    an explicit address it connects without a token, which a cluster that ``ray start
-    --head`` started (token auth on by default) refuses after 20 s of retries. A client with
-    a token connects to a cluster without token auth too (checked with Ray 2.60). Ray has
-    no public API for this: it is the call ``ray.init`` makes for ``auto``."""
-    try:
-        from ray._private.authentication import authentication_token_setup as auth
-    except ImportError:  # a Ray release without token auth
-        return
-    quiet = logging.getLogger(auth.__name__)
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)  # its "token authentication is enabled" line, at every command
-    try:
-        auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
-    finally:
-        quiet.setLevel(level)
 
 
 def _namespace_problem(namespace: object) -> str | None:
