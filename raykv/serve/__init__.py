@@ -14,8 +14,10 @@ For ``serve run`` / ``serve deploy``: ``cluster_configs/serve_llm.yaml`` names
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from raykv.core.logs import LOG_LEVEL_ENV
@@ -205,7 +207,40 @@ def build_app(model: str, **kwargs: object) -> Application:
     """Ray Serve's OpenAI-compatible app for ``llm_config(*args, **kwargs)``."""
     from ray.serve.llm import build_openai_app
 
-    return build_openai_app({"llm_configs": [llm_config(model, **kwargs)]})  # type: ignore[arg-type]
+    config = llm_config(model, **kwargs)  # type: ignore[arg-type]
+    with _events_consumed_by_raykv(config):
+        return build_openai_app({"llm_configs": [config]})
+
+
+#: What Ray Serve LLM (2.60, ``routing_policies/kv_aware/utils.py``) warns while building an
+#: app whose engines publish KV events but whose router is not its ``KVAwareRouter``.
+EVENTS_UNUSED_WARNING = (
+    "engine_kwargs['kv_events_config'] is set but the deployment's request router is not a KVAwareRouter"
+)
+
+
+class _DropEventsUnusedWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(EVENTS_UNUSED_WARNING)
+
+
+@contextmanager
+def _events_consumed_by_raykv(config: LLMConfig) -> Iterator[None]:
+    """Ray's warning that the engines' KV events "will not be consumed" is false when raykv's
+    connector reads them (``engine_cache``: ``raykv.integrations.vllm.kv_events``): it is
+    dropped then, and only then, while the app is built (on Serve's own logger)."""
+    transfer = config.engine_kwargs.get("kv_transfer_config") or {}
+    extra = transfer.get("kv_connector_extra_config") or {} if isinstance(transfer, Mapping) else {}
+    if not (isinstance(extra, Mapping) and extra.get("raykv_engine_events")):
+        yield
+        return
+    serve_logger = logging.getLogger("ray.serve")  # Serve's logger, as Ray documents it
+    drop = _DropEventsUnusedWarning()
+    serve_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        serve_logger.removeFilter(drop)
 
 
 def app_builder(args: Mapping[str, object]) -> Application:

@@ -115,3 +115,32 @@ def test_the_identity_options_reach_the_engines(tiny_model) -> None:
         llm_config(tiny_model, accelerator="cpu", weights_fingerprint="md5")
     with pytest.raises(ValueError, match="raykv=False: model_revision"):
         llm_config(tiny_model, raykv=False, model_revision="r1")
+
+
+def test_rays_warning_that_kv_events_go_unread_is_dropped_only_when_raykv_reads_them(tiny_model) -> None:
+    """Ray Serve LLM warns, building an app whose engines publish KV events without its
+    KVAwareRouter, that the events "will not be consumed". raykv's connector reads them
+    (the engine-cache record behind the raykv router): not a word then. Events that
+    nobody reads (the caller's own ``kv_events_config``, ``engine_cache=False``) keep it."""
+    pytest.importorskip("ray.serve.llm")
+    import logging
+
+    from raykv.serve import EVENTS_UNUSED_WARNING, build_app
+
+    heard: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            heard.append(record.getMessage())
+
+    serve_logger, collect = logging.getLogger("ray.serve"), Collect(level=logging.WARNING)
+    serve_logger.addHandler(collect)
+    try:
+        build_app(tiny_model, accelerator="cpu", router="raykv")
+        assert not [m for m in heard if m.startswith(EVENTS_UNUSED_WARNING)], heard
+        assert serve_logger.filters == []  # dropped while building, and only then
+        own_events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+        build_app(tiny_model, accelerator="cpu", engine_cache=False, engine_kwargs={"kv_events_config": own_events})
+        assert [m for m in heard if m.startswith(EVENTS_UNUSED_WARNING)], heard
+    finally:
+        serve_logger.removeHandler(collect)
