@@ -84,8 +84,8 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
         raise ArgumentError("address", problem)
     check_reachable(address)
     target = address or "auto"
-    if target not in ("local", "auto") and "://" not in target:
-        match_cluster_token_auth(target)  # Ray does so itself for "auto"
+    if target != "local" and "://" not in target:
+        match_cluster_token_auth(target)
     try:
         with signals.left_alone_by_ray_init() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)
