@@ -84,8 +84,11 @@ def ensure_ray(address: str | None = None, *, guest: bool = False) -> None:
         raise ArgumentError("address", problem)
     check_reachable(address)
     target = address or "auto"
-    if target != "local" and "://" not in target:
-        match_cluster_token_auth(target)
+    # ray.init takes RAY_ADDRESS for "auto", as an explicit address; without it Ray finds
+    # this machine's cluster and matches the token file itself
+    named = os.environ.get("RAY_ADDRESS") if target == "auto" else target
+    if named and named not in ("local", "auto") and "://" not in named:
+        match_cluster_token_auth(named)
     try:
         with signals.left_alone_by_ray_init() if guest else contextlib.nullcontext():
             ray.init(address=target, log_to_driver=False)

@@ -22,16 +22,11 @@ PROBE_TIMEOUT_S = 3.0
 
 
 def match_cluster_token_auth(address: str) -> None:
-    """Make this process's token authentication what the cluster at ``address``
-    (``host:port`` or ``auto``) uses, unless ``RAY_AUTH_MODE`` already says which.
-    Call it before ``ray.init``; a cluster that cannot be asked is taken to use it
-    when this machine has a token, as Ray does for ``auto``."""
+    """Turn this process's token authentication on when the cluster at ``host:port``
+    (``address``) requires a token, unless ``RAY_AUTH_MODE`` already says which.
+    Call it before ``ray.init``; a cluster that cannot be asked is taken to use one
+    when this machine has a token, as Ray does for ``address="auto"``."""
     if os.environ.get(AUTH_MODE_ENV) is not None:
-        return
-    if address == "auto":  # Ray turns token auth on itself when a token file exists
-        found = _auto_address()
-        if found is not None and cluster_requires_token(found) is False:
-            os.environ[AUTH_MODE_ENV] = "disabled"  # (this process's children join the same cluster)
         return
     if cluster_requires_token(address) is False:
         return
@@ -47,17 +42,6 @@ def match_cluster_token_auth(address: str) -> None:
         auth.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     finally:
         quiet.setLevel(level)
-
-
-def _auto_address() -> str | None:
-    """The ``host:port`` that ``ray.init(address="auto")`` would connect to (``RAY_ADDRESS``,
-    else this machine's latest cluster), or None. Ray's own lookup: no public API (2.60)."""
-    try:
-        from ray._private.services import canonicalize_bootstrap_address
-
-        return canonicalize_bootstrap_address("auto")
-    except Exception:  # noqa: BLE001 - no cluster found, or another Ray: leave it to ray.init
-        return None
 
 
 def cluster_requires_token(address: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool | None:

@@ -164,6 +164,12 @@ def test_status_json_reports_tiers_and_occupancy(filled) -> None:
     assert time.monotonic() - t0 < 15  # not 20 s of retries without the token first
     assert "Token authentication is enabled" not in out.stderr
     _check(json.loads(out.stdout), root, placed, totals)
+    # The same address in RAY_ADDRESS, no --address (ray.init takes it as an explicit one)
+    t0 = time.monotonic()
+    out = run_raykv("status", "--json", "--namespace", NS, env={"RAY_AUTH_MODE": None, "RAY_ADDRESS": address})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert time.monotonic() - t0 < 15
+    _check(json.loads(out.stdout), root, placed, totals)
 
 
 def test_status_table(filled) -> None:
