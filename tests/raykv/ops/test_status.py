@@ -157,19 +157,15 @@ def test_status_json_reports_tiers_and_occupancy(filled) -> None:
     services, root, placed, totals = filled
     address = ray.get_runtime_context().gcs_address
     # As from a user's shell after `ray start --head`: no RAY_AUTH_MODE (this process's Ray
-    # set it), an explicit address, the cluster's token in ~/.ray/auth_token.
-    t0 = time.monotonic()
-    out = run_raykv("status", "--json", "--namespace", NS, "--address", address, env={"RAY_AUTH_MODE": None})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert time.monotonic() - t0 < 15  # not 20 s of retries without the token first
-    assert "Token authentication is enabled" not in out.stderr
-    _check(json.loads(out.stdout), root, placed, totals)
-    # The same address in RAY_ADDRESS, no --address (ray.init takes it as an explicit one)
-    t0 = time.monotonic()
-    out = run_raykv("status", "--json", "--namespace", NS, env={"RAY_AUTH_MODE": None, "RAY_ADDRESS": address})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert time.monotonic() - t0 < 15
-    _check(json.loads(out.stdout), root, placed, totals)
+    # set it), an explicit address, the cluster's token in ~/.ray/auth_token. The address is
+    # given as --address, then in RAY_ADDRESS alone (ray.init takes it as an explicit one).
+    for flag, env in ((address, {}), (None, {"RAY_ADDRESS": address})):
+        t0 = time.monotonic()
+        out = run_raykv("status", "--json", "--namespace", NS, address=flag, env={"RAY_AUTH_MODE": None, **env})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert time.monotonic() - t0 < 15  # not 20 s of retries without the token first
+        assert "Token authentication is enabled" not in out.stderr
+        _check(json.loads(out.stdout), root, placed, totals)
 
 
 def test_status_table(filled) -> None:
