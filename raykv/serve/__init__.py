@@ -229,8 +229,10 @@ def _events_consumed_by_raykv(config: LLMConfig) -> Iterator[None]:
     """Ray's warning that the engines' KV events "will not be consumed" is false when raykv's
     connector reads them (``engine_cache``: ``raykv.integrations.vllm.kv_events``): it is
     dropped then, and only then, while the app is built (on Serve's own logger)."""
-    transfer = config.engine_kwargs.get("kv_transfer_config") or {}  # llm_config's own dicts
-    if not (transfer.get("kv_connector_extra_config") or {}).get("raykv_engine_events"):
+    # (with raykv=False the caller's own kv_transfer_config is kept as given: any type)
+    transfer = config.engine_kwargs.get("kv_transfer_config")
+    extra = transfer.get("kv_connector_extra_config") if isinstance(transfer, Mapping) else None
+    if not (isinstance(extra, Mapping) and extra.get("raykv_engine_events")):
         yield
         return
     serve_logger = logging.getLogger("ray.serve")  # Serve's logger, as Ray documents it
