@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import time
 import uuid
+import warnings
 from collections import Counter
 
 import ray
@@ -38,6 +39,19 @@ from raykv.services.rules_store import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def restarted_by_ray() -> bool:
+    """Whether Ray restarted this actor after a crash (call it inside the actor).
+
+    Ray 2.60's ``was_current_actor_reconstructed`` reads its own deprecated ``actor_id`` property,
+    so every call printed Ray's "Use get_actor_id() instead" warning in the driver's console at
+    each ``raykv start``: the deprecated call is Ray's, not raykv's, so that one warning is dropped.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"(?s).*Use get_actor_id\(\) instead", category=DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
 
 #: How long a failed first start may take to stop what it started (``close_if_alone``);
 #: past it, its stop is taken to have died with its process and the services stay.
@@ -79,7 +93,7 @@ class ControlActor:
         if self._rules:
             self._version = 1
         self._incarnation = uuid.uuid4().hex
-        reconstructed = self._reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        reconstructed = self._reconstructed = restarted_by_ray()
         #: Tiers starts added (``add_tiers``), kept in the GCS for a restart.
         self._added_tiers: list[dict[str, object]] = []
         if reconstructed:

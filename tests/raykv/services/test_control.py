@@ -3,6 +3,8 @@ restart) and the rules engines long-poll, on a real local Ray."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import ray
 
@@ -13,6 +15,7 @@ from raykv.core.keys import prefix_keys
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
 from raykv.policy import PolicyRule
+from raykv.services.control import restarted_by_ray
 from raykv.services.rules_store import drop_rules
 from tests.waiting import wait_until
 
@@ -36,6 +39,29 @@ def _restarted(actor) -> bool:
 
 def _holder_ids(services) -> set[str]:
     return {h.holder_id for h in services.holders()}
+
+
+@ray.remote(max_restarts=1)
+class _RestartProbe:
+    def restarted(self) -> tuple[bool, list[str]]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            restarted = restarted_by_ray()
+        return restarted, [str(w.message) for w in seen]
+
+
+def test_an_actor_knows_it_was_restarted_without_rays_deprecation_warning(ray_local):
+    probe = _RestartProbe.remote()
+    assert ray.get(probe.restarted.remote()) == (False, [])
+    ray.kill(probe, no_restart=False)
+    wait_until(lambda: _restarted_answer(probe) == (True, []), timeout_s=30.0, what="the restarted probe's answer")
+
+
+def _restarted_answer(probe) -> tuple[bool, list[str]] | None:
+    try:
+        return ray.get(probe.restarted.remote(), timeout=30)
+    except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+        return None
 
 
 def test_a_control_actor_that_did_not_restart_takes_no_rules_back(services):
