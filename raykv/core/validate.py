@@ -10,6 +10,7 @@ warning per process (``warn_once``).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import numbers
@@ -203,16 +204,33 @@ def request_params(value: object) -> Mapping[str, object] | None:
 
 
 def request_tenant_value(value: object) -> str | None:
-    """``kv_transfer_params['tenant']`` as a tenant name: a str or an int, else none."""
-    if value is None or isinstance(value, bool):
+    """``kv_transfer_params['tenant']`` as a tenant name; None or ``""`` name no tenant.
+
+    A str names itself and an int its digits. Any other value (a bool, a float,
+    a list, a dict) still names a tenant, never none: it is scoped by its
+    canonical JSON text, with one warning per type. A client that meant to keep
+    its requests apart is then never put among the requests that name no tenant
+    (where unsure, miss); requests that send the same odd value share a tenant.
+    """
+    if value is None or (isinstance(value, str) and not value):
         return None
     if isinstance(value, str) or is_int(value):
         return str(value)
+    text = _canonical_text(value)
     warn_once(
         f"tenant:{type_name(value)}",
-        f"ignoring kv_transfer_params['tenant'] of type {type_name(value)} (a tenant is a str)",
+        f"kv_transfer_params['tenant'] of type {type_name(value)} (a tenant is a str) "
+        f"is scoped as the tenant named by its JSON text, {_short(text)}",
     )
-    return None
+    return text
+
+
+def _canonical_text(value: object) -> str:
+    """``value`` as JSON with sorted keys and no spaces (``repr`` where JSON cannot say it)."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr)
+    except (TypeError, ValueError):  # keys of mixed types, a circular list
+        return repr(value)
 
 
 #: Longest ``kv_transfer_params['cache_ttl_s']`` raykv keeps (7 days): a larger one is capped to it.
@@ -222,7 +240,7 @@ MAX_CACHE_TTL_S = 7 * 24 * 3600.0
 def request_ttl_value(value: object) -> float | None:
     """``kv_transfer_params['cache_ttl_s']`` as seconds to pin a request's blocks, or None.
 
-    Like a malformed ``tenant``, a malformed TTL never fails the request: a
+    A malformed TTL never fails the request (no odd ``kv_transfer_params`` do): a
     value that is not a finite number > 0 (a str, a bool, NaN, 0, -5) is
     ignored with one warning per kind of value, and the blocks are cached
     unpinned. A TTL above ``MAX_CACHE_TTL_S`` (7 days) is capped to it.

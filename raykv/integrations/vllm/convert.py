@@ -56,8 +56,9 @@ def to_raykv_context(ctx: ReqContext) -> contract.ReqContext:
     (vLLM mixes it into its block hashes already; it reaches the tier through
     ``compat.carry_cache_salt`` where vLLM's ``ReqContext`` lacks it). The
     pin lifetime comes from ``kv_transfer_params["cache_ttl_s"]`` (seconds
-    > 0, at most 7 days; a malformed one is ignored with a warning, like a
-    malformed tenant: ``raykv.core.validate.request_ttl_value``). Odd
+    > 0, at most 7 days; a malformed one is ignored with a warning:
+    ``raykv.core.validate.request_ttl_value``); a tenant that is not a str or an
+    int is the one its JSON text names (``request_tenant_value``). Odd
     ``kv_transfer_params`` (not a dict) are treated as none.
     """
     cached = ctx.get_state(contract.ReqContext)

@@ -36,7 +36,7 @@ CHUNK_BYTES = 128 << 10  # one 128-token block of the tiny model
 PRIMARY_CHUNKS = 16  # fewer than the 21 chunks of 3 prompts
 
 
-def _generate(llm: Any, tokens: list[int], tenant: str | None = None, **prompt: Any) -> Any:
+def _generate(llm: Any, tokens: list[int], tenant: object = None, **prompt: Any) -> Any:
     from vllm import SamplingParams
 
     extra = {"kv_transfer_params": {"tenant": tenant}} if tenant else None
@@ -97,7 +97,7 @@ def _evict(engine: dict[str, Any]) -> None:
         _stored(engine, make_prompt_tokens(PROMPT_LEN, next(engine["seed"])))
 
 
-def _stored(engine: dict[str, Any], tokens: list[int], tenant: str | None = None, **prompt: Any) -> Any:
+def _stored(engine: dict[str, Any], tokens: list[int], tenant: object = None, **prompt: Any) -> Any:
     """Send ``tokens`` (cold: nothing cached) and wait until its 7 blocks are in the fs tier."""
     actor = engine["actor"]
     held = len(ray.get(actor.keys.remote()))
@@ -134,6 +134,25 @@ def test_tenants_share_no_block_unless_the_namespace_opts_in(engine) -> None:
     before = _from_disk(llm)
     peer = _generate(llm, shared, "tenant-d")  # opted in with tenant-c: its blocks are served
     assert peer.num_cached_tokens == CACHEABLE and _from_disk(llm) - before == CACHEABLE
+
+
+def test_a_tenant_that_is_not_a_str_shares_no_block_with_requests_that_name_none(engine) -> None:
+    """A client that sends its tenant as a list or a dict still keeps its requests apart
+    (``raykv.core.validate.request_tenant_value``): before, raykv dropped such a tenant with
+    a warning, and the request shared every cache with the requests that name no tenant."""
+    llm = engine["llm"]
+    prompt = make_prompt_tokens(PROMPT_LEN, 5)
+    assert _stored(engine, prompt).num_cached_tokens == 0  # no tenant: plain keys
+    sources = _by_source(llm)
+    odd = _generate(llm, prompt, ["tenant-a"])  # right away: the engine's cache holds the plain blocks
+    assert odd.num_cached_tokens == 0 and _by_source(llm) == sources, (sources, _by_source(llm))
+    assert _generate(llm, prompt, ["tenant-a"]).num_cached_tokens == CACHEABLE  # the same value: its own
+    _evict(engine)
+    before = _from_disk(llm)
+    odd = _generate(llm, prompt, {"team": "a"})  # only raykv's tier holds the plain blocks now
+    assert odd.num_cached_tokens == 0 and _from_disk(llm) == before, (before, _by_source(llm))
+    plain = _generate(llm, prompt)  # they are still there, for the requests that name no tenant
+    assert plain.num_cached_tokens == CACHEABLE and _from_disk(llm) - before == CACHEABLE
 
 
 def test_a_client_salt_cannot_name_a_tenant(engine) -> None:

@@ -1,6 +1,6 @@
 """Pins in ``TenantLRU`` (``raykv.core.pins``): victims skip them until they
 expire, later TTLs extend them, caps refuse them, unpin drops them; and the
-request field ``cache_ttl_s`` is read the way a tenant is (bad values ignored)."""
+request field ``cache_ttl_s`` never fails a request (bad values are ignored)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,16 @@ import raykv
 from raykv.config.options import RaykvConfig
 from raykv.core.contract import LookupResult, ReqContext
 from raykv.core.factory import TierFactory
-from raykv.core.tenants import SALT_PREFIX, TenantLRU, TenantSharing, engine_salt, tenant_key, tenant_label, tenant_of
+from raykv.core.tenants import (
+    ISOLATED,
+    SALT_PREFIX,
+    TenantLRU,
+    TenantSharing,
+    engine_salt,
+    tenant_key,
+    tenant_label,
+    tenant_of,
+)
 from raykv.core.validate import ConfigError
 from raykv.engine.primary import PrimaryRegion
 from raykv.engine.tier_driver import TierDriver
@@ -53,6 +62,22 @@ def test_tenant_scopes_keys_unless_shared() -> None:
     assert not groups.shares("x", "y")  # tenants in no group stay isolated
     public = TenantSharing({"team": ["a", "b"], "public": ["*"]})
     assert public.shares("x", "y") and public.shares("x", None) and not public.shares("a", "x")
+
+
+def test_a_tenant_that_is_not_a_str_is_scoped_never_dropped() -> None:
+    """An odd ``tenant`` (a list, a dict, a bool, a float) still keeps its requests apart from
+    untenanted ones and from other tenants: it names the tenant its JSON text names."""
+    key = raykv.prefix_keys(list(range(32)), 16)[1]
+    odd = [["a"], {"team": "a", "n": [1]}, True, False, 2.5]
+    scopes = [ISOLATED.scope(ReqContext("r", kv_transfer_params={"tenant": v})) for v in odd]
+    assert all(scopes) and len(set(scopes)) == len(odd), scopes  # none is the no-tenant scope b""
+    assert len({tenant_key(key, s) for s in scopes} | {key}) == len(odd) + 1
+    # the same value names the same tenant, whatever order a dict's keys came in
+    assert ISOLATED.scope(ReqContext("r", kv_transfer_params={"tenant": {"n": [1], "team": "a"}})) == scopes[1]
+    assert tenant_label(ReqContext("r", kv_transfer_params={"tenant": ["a"]})) == '["a"]'
+    assert tenant_of(ReqContext("r", kv_transfer_params={"tenant": {"team": "a", "n": [1]}})) == '{"n":[1],"team":"a"}'
+    assert tenant_label(ReqContext("r", kv_transfer_params={"tenant": None})) is None
+    assert tenant_label(ReqContext("r", kv_transfer_params={"tenant": 7})) == "7"
 
 
 def test_engine_salt_scopes_labelled_tenants_and_no_client_salt_forges_one() -> None:
