@@ -11,9 +11,9 @@ API, through which the test finds the replicas' actors and their nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -179,6 +179,24 @@ def _complete(tokens: list[int], max_tokens: int = 1, **extra: Any) -> dict[str,
     return r.json()
 
 
+@contextlib.contextmanager
+def _long_loads(app: dict[str, Any], prompts: list[list[int]], block: int, replica: str) -> Iterator[None]:
+    """Long requests (2000 tokens each, streamed) on ``replica``, each one's prompt held there
+    (block ``block``) before the next is sent; they decode until the ``with`` block ends. Then
+    the client hangs up, which cancels them in Serve and the engine: nothing waits them out."""
+    readers = []  # each stream's line reader: one dropped closes its connection (urllib3)
+    with contextlib.ExitStack() as streams:
+        for prompt in prompts:
+            body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            r = streams.enter_context(requests.post(URL, json=body, stream=True, timeout=600))
+            assert r.status_code == 200, r.text
+            readers.append(r.iter_lines())
+            first = next(line for line in readers[-1] if line)  # its first token: computed
+            assert first.startswith(b"data: {"), first
+            assert _holders_of_block(app, prompt, block) == {replica}
+        yield
+
+
 def _cached(resp: dict[str, Any]) -> int:
     return int((resp["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
 
@@ -291,22 +309,13 @@ def test_a_request_is_routed_away_from_an_overloaded_replica(routed_app) -> None
     busy = app["first"][0]
     # Two long requests sharing session 0's prefix: both go to its replica (affinity).
     loads = [_session(0, 1) + make_prompt_tokens(BLOCK, 5000 + i) for i in range(2)]
-    done: list[dict[str, Any]] = []
-    threads = [
-        threading.Thread(target=lambda p=p: done.append(_complete(p, max_tokens=2000, ignore_eos=True))) for p in loads
-    ]
-    for t in threads:
-        t.start()
-        assert _holders_of_block(app, loads[threads.index(t)], 5) == {busy}
-    # Now it runs two requests and the other replica none: session 0's next turn goes elsewhere.
-    prompt = _session(0, 3)
-    resp = _complete(prompt)
-    owners = _holders_of_block(app, prompt, 8)
+    with _long_loads(app, loads, 5, busy):
+        # Now it runs two requests and the other replica none: session 0's next turn goes elsewhere.
+        prompt = _session(0, 3)
+        resp = _complete(prompt)
+        owners = _holders_of_block(app, prompt, 8)
     assert owners and busy not in owners, "the overloaded replica took the request"
     assert _cached(resp) >= TURN  # and it still found the prefix, from raykv
-    for t in threads:
-        t.join(timeout=600)
-    assert len(done) == 2
 
 
 def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
@@ -362,18 +371,13 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
     # sends them there) leave it overloaded: the next request goes to the new one.
     base = _session(2, 4)
     loads = [base + make_prompt_tokens(BLOCK, 7000 + i) for i in range(2)]
-    threads = [
-        threading.Thread(target=_complete, args=(p,), kwargs={"max_tokens": 2000, "ignore_eos": True}) for p in loads
-    ]
-    for t, p in zip(threads, loads):
-        t.start()
-        assert _holders_of_block(app, p, len(base) // BLOCK) == {old}
-    prompt = _session(1, 2)  # computed (and answered) in the first test: in raykv's tiers
-    warm = _complete(prompt)
-    deadline = time.monotonic() + 20
-    while new not in _holders_of_block(app, prompt, 6):  # the old one may hold it from before
-        assert time.monotonic() < deadline, "the new replica did not take the request"
-        time.sleep(0.1)
+    with _long_loads(app, loads, len(base) // BLOCK, old):
+        prompt = _session(1, 2)  # computed (and answered) in the first test: in raykv's tiers
+        warm = _complete(prompt)
+        deadline = time.monotonic() + 20
+        while new not in _holders_of_block(app, prompt, 6):  # the old one may hold it from before
+            assert time.monotonic() < deadline, "the new replica did not take the request"
+            time.sleep(0.1)
     assert _cached(warm) >= TURN, warm["usage"]  # its first request's prefix came from raykv
     before = app["turn2"][1]
     assert warm["choices"][0]["text"] == before["choices"][0]["text"]
@@ -403,5 +407,3 @@ def test_an_added_replica_gets_its_first_prefix_from_raykv(routed_app) -> None:
     ):
         assert got.keys() == want.keys()
         assert got == pytest.approx(want, abs=1e-4)  # vLLM's CPU backend
-    for t in threads:
-        t.join(timeout=600)
