@@ -37,7 +37,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, NotRequired, TypedDict, final
+from typing import TYPE_CHECKING, NamedTuple, TypedDict, final
+
+from typing_extensions import NotRequired  # typing has it from Python 3.11
 
 from raykv.bench.common import (
     Failed,

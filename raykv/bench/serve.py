@@ -52,7 +52,9 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NotRequired, TypedDict, final
+from typing import TYPE_CHECKING, Literal, TypedDict, final
+
+from typing_extensions import NotRequired  # typing has it from Python 3.11
 
 from raykv.bench.common import (
     Failed,

@@ -27,12 +27,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from raykv.core.wire import JsonValue
 
 if TYPE_CHECKING:
-    from raykv.integrations.vllm.engines import LLM, RequestOutput, SamplingParams
+    from raykv.integrations.vllm.engines import LLM, RequestOutput, SamplingParams, TokensPrompt
 
 #: How long an idle loop sleeps between offload-only steps (what vLLM's
 #: engine does between polls of its connector is a busy step; 2 ms keeps a
@@ -183,8 +183,10 @@ class EngineLoop:
             except queue.Empty:
                 return
             request_id = f"loop-{next(self._ids)}"
+            # (a cast: under Python 3.10 mypy reads vLLM's TypedDict with every key required)
+            prompt = cast("TokensPrompt", {"prompt_token_ids": p.prompt_token_ids})
             try:
-                engine.add_request(request_id, {"prompt_token_ids": p.prompt_token_ids}, p.params)
+                engine.add_request(request_id, prompt, p.params)
             except Exception as e:  # a bad request fails alone
                 p.error = e
                 p.done.set()

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
 from vllm.outputs import RequestOutput
 
 from raykv.core.wire import JsonValue
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "build_llm", "greedy_params"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "TokensPrompt", "build_llm", "greedy_params"]
 
 
 def build_llm(
