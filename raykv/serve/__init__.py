@@ -51,7 +51,7 @@ def llm_config(
     model_id: str | None = None,
     raykv: Mapping[str, object] | bool | None = None,
     *,
-    cpu_bytes: int = 4 << 30,
+    cpu_bytes: int | str = 4 << 30,
     engine_kwargs: Mapping[str, object] | None = None,
     accelerator: str = "auto",
     num_replicas: int | str = 1,
@@ -72,7 +72,7 @@ def llm_config(
             store tier in namespace ``raykv``. ``False``: no raykv at all (plain
             vLLM with its own prefix cache, no offload: the baseline of a
             comparison; the raykv router and ``engine_cache`` need raykv).
-        cpu_bytes: the CPU primary tier of each engine.
+        cpu_bytes: the CPU primary tier of each engine (bytes, or a size such as "8GiB").
         engine_kwargs: more vLLM engine arguments.
         accelerator: ``"cpu"``, ``"gpu"`` or ``"auto"`` (GPU when the cluster has one).
         num_replicas: Serve replicas of the deployment, or ``"auto"`` (Serve's autoscaling).
@@ -165,7 +165,7 @@ def llm_config(
 
 def _kv_transfer_config(
     raykv_cfg: Mapping[str, object],
-    cpu_bytes: int,
+    cpu_bytes: int | str,
     engine_events: dict[str, JsonValue] | None,
     given: object,
     identity: Mapping[str, str | None],

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from raykv.core.fields import check_ray_address
+from raykv.core.fields import check_ray_address, size_value
 from raykv.core.validate import ArgumentError, ConfigError, as_list, int_arg, warn_once
 from raykv.core.wire import JsonValue
 
@@ -27,9 +27,22 @@ MIN_SENSIBLE_CPU_BYTES = 1 << 20
 _RESERVED = {"spec_name", "spec_module_path", "cpu_bytes_to_use", "secondary_tiers"}
 
 
+def cpu_bytes_arg(value: object) -> int:
+    """The CPU primary's size: an int of bytes, or a size string such as ``"8GiB"``."""
+    try:
+        number = size_value(value)
+    except ValueError as e:
+        raise ArgumentError("cpu_bytes", str(e)) from None
+    if not isinstance(number, int) or isinstance(number, bool):
+        raise ArgumentError(
+            "cpu_bytes", f"must be an int or a size such as '8GiB', got {type(value).__name__} {value!r}"
+        )
+    return int_arg("cpu_bytes", number, minimum=1)
+
+
 def kv_transfer_config(
     secondary_tiers: Sequence[Mapping[str, JsonValue]] | None = None,
-    cpu_bytes: int = DEFAULT_CPU_BYTES,
+    cpu_bytes: int | str = DEFAULT_CPU_BYTES,
     **extra: JsonValue,
 ) -> dict[str, JsonValue]:
     """The `kv_transfer_config` dict for `vllm.LLM(...)` / Ray Serve `engine_kwargs`.
@@ -37,11 +50,12 @@ def kv_transfer_config(
     Args:
         secondary_tiers: tier configs, each `{"type": ..., ...}` (plus
             `"module_path"` for out-of-tree tiers); copied, never mutated.
-        cpu_bytes: size of the CPU primary tier, in bytes.
+        cpu_bytes: size of the CPU primary tier: bytes, or a size such as ``"8GiB"``
+            (as in config files and ``raykv vllm-config --cpu-bytes``).
         **extra: other `kv_connector_extra_config` keys (e.g. `block_size`,
             `eviction_policy`, `backpressure`).
     """
-    cpu_bytes = int_arg("cpu_bytes", cpu_bytes, minimum=1)
+    cpu_bytes = cpu_bytes_arg(cpu_bytes)
     if cpu_bytes < MIN_SENSIBLE_CPU_BYTES:
         warn_once(
             "cpu_bytes<1MiB",
@@ -123,7 +137,7 @@ def _has_namespace_option(tier: Mapping[str, JsonValue]) -> bool:
 def raykv_kv_transfer_config(
     config: RaykvConfig | Mapping[str, object] | None = None,
     *,
-    cpu_bytes: int = DEFAULT_CPU_BYTES,
+    cpu_bytes: int | str = DEFAULT_CPU_BYTES,
     vllm_tiers: Sequence[Mapping[str, JsonValue]] | None = None,
     ray_address: str | None = None,
     model_revision: str | None = None,

@@ -12,6 +12,7 @@ from raykv.integrations.vllm import (
     RAYKV_SPEC_MODULE,
     RAYKV_SPEC_NAME,
     kv_transfer_config,
+    raykv_kv_transfer_config,
     require_vllm,
 )
 
@@ -55,6 +56,11 @@ def test_defaults_and_vllm_accepts_it() -> None:
     [
         ([], {"cpu_bytes": 0}, "cpu_bytes"),
         ([], {"cpu_bytes": 1.5}, "cpu_bytes"),
+        ([], {"cpu_bytes": "8G"}, "cpu_bytes: size unit 'G' is ambiguous"),
+        ([], {"cpu_bytes": "lots"}, "cpu_bytes: must be a size such as"),
+        ([], {"cpu_bytes": None}, "cpu_bytes: must be an int or a size"),
+        ([], {"cpu_bytes": True}, "cpu_bytes: must be an int"),
+        ([], {"cpu_bytes": "0B"}, "cpu_bytes: must be >= 1"),
         ([[{"root_dir": "/x"}]], {}, r"secondary_tiers\[0\]\.type"),
         ([["fs"]], {}, r"secondary_tiers\[0\]: must be a dict"),
         ([[{"type": "X", "module_path": ""}]], {}, r"secondary_tiers\[0\]\.module_path"),
@@ -64,6 +70,13 @@ def test_defaults_and_vllm_accepts_it() -> None:
 def test_rejects_bad_input(args: list, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         kv_transfer_config(*args, **kwargs)
+
+
+def test_cpu_bytes_takes_a_size_as_config_files_and_the_cli_do() -> None:
+    for given in ("8GiB", "8 GiB", "8Gi", 8 << 30, 8.0 * 2**30):
+        assert kv_transfer_config(cpu_bytes=given)["kv_connector_extra_config"]["cpu_bytes_to_use"] == 8 << 30
+    cfg = raykv_kv_transfer_config({"tiers": [{"type": "object_store"}]}, cpu_bytes="512MiB")
+    assert cfg["kv_connector_extra_config"]["cpu_bytes_to_use"] == 512 << 20
 
 
 def test_package_import_does_not_import_vllm() -> None:
