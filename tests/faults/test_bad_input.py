@@ -451,10 +451,12 @@ def test_cpu_primary_smaller_than_one_block():
     with pytest.raises(ConfigError) as e:
         check_primary_fits(4096, 128 << 10, 0)
     assert e.value.field == "cpu_bytes_to_use" and "131072" in str(e.value)
-    for bad in (0, -1, 1.5, "4GiB", True, float("nan")):
+    for bad in (0, -1, 1.5, "4G", "4 apples", "0GiB", True, None, float("nan")):
         with pytest.raises(ConfigError) as e:
             kv_transfer_config(cpu_bytes=bad)
         assert e.value.field == "cpu_bytes"
+    # a size, as in config files and the CLI ("4G" above is refused: binary or decimal?)
+    assert kv_transfer_config(cpu_bytes="4GiB")["kv_connector_extra_config"]["cpu_bytes_to_use"] == 4 << 30
 
 
 @pytest.mark.parametrize("tier_type", ["example", "object_store", "fs"])
