@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from raykv.core.logs import LOG_LEVEL_ENV
-from raykv.core.units import parse_size
 from raykv.core.wire import JsonValue
 from raykv.integrations.vllm import raykv_kv_transfer_config
+from raykv.integrations.vllm.config import cpu_bytes_arg
 
 if TYPE_CHECKING:
     from ray.serve import Application
@@ -250,11 +250,11 @@ def app_builder(args: Mapping[str, object]) -> Application:
     model = args.pop("model", None)
     if not model or not isinstance(model, str):
         raise ValueError("raykv.serve:app_builder needs a 'model' argument (path or hub id)")
-    if "cpu_bytes" in args:  # bytes, or a size such as 8GiB
+    if "cpu_bytes" in args:  # bytes, or a size such as 8GiB: checked here even when raykv=false
         try:
-            args["cpu_bytes"] = parse_size(str(args["cpu_bytes"]))
+            args["cpu_bytes"] = cpu_bytes_arg(args["cpu_bytes"])
         except ValueError as e:
-            raise ValueError(f"raykv.serve:app_builder cpu_bytes: {e}") from None
+            raise ValueError(f"raykv.serve:app_builder {e}") from None
     if "num_replicas" in args:
         args["num_replicas"] = _num_replicas(args["num_replicas"], "raykv.serve:app_builder num_replicas")
     return build_app(model, **args)

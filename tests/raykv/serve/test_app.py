@@ -171,6 +171,9 @@ def test_serve_yaml_builds_an_app_with_raykv(tiny_model) -> None:
     assert app_builder(dict(args, cpu_bytes="8GiB")) is not None
     with pytest.raises(ValueError, match="cpu_bytes: size unit 'G' is ambiguous"):
         app_builder(dict(args, cpu_bytes="8G"))
+    # the same check as build_app's and kv_transfer_config's (raykv.integrations.vllm.config.cpu_bytes_arg)
+    with pytest.raises(ValueError, match="app_builder cpu_bytes: must be >= 1, got 0"):
+        app_builder(dict(args, cpu_bytes="0GiB"))
 
 
 def test_router_choices(tiny_model) -> None:
