@@ -19,12 +19,14 @@ MATRIX_E2E := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm
 	tests/integrations/vllm/test_raykv_tiers.py tests/raykv/serve/test_routing.py
 MATRIX_API := tests/integrations/vllm/test_api_parity.py tests/integrations/vllm/test_config.py
 
-.PHONY: demo test test-vllm test-serve test-e2e test-long test-soak lint test-vllm-matrix install install-vllm-0.29 clean
+.PHONY: demo test test-vllm test-serve test-e2e test-long test-soak lint test-vllm-matrix install install-vllm-0.29 \
+	install-vllm-api clean
 
 install: $(STAMP)
 
-# The vLLM 0.29 venv alone (.ci/run builds it beside .venv).
+# The vLLM 0.29 venv alone, and the 0.33/0.34 API trees (.ci/run builds them beside .venv).
 install-vllm-0.29: $(STAMP029)
+install-vllm-api: $(STAMP033) $(STAMP034)
 
 $(STAMP): pyproject.toml requirements/cpu.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -47,14 +49,16 @@ $(STAMP029): pyproject.toml Makefile
 	$(VENV029)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton || true
 	touch $(STAMP029)
 
-$(STAMP033): $(STAMP) Makefile
+# Unpacked by the 0.29 venv's pip (the same Python as .venv's), so that they build
+# without .venv, beside it.
+$(STAMP033): $(STAMP029) Makefile
 	rm -rf $(VLLM033)
-	$(BIN)/python -m pip install -q --no-deps --target $(VLLM033) vllm==0.33.0
+	$(VENV029)/bin/python -m pip install -q --no-deps --target $(VLLM033) vllm==0.33.0
 	touch $(STAMP033)
 
-$(STAMP034): $(STAMP) Makefile
+$(STAMP034): $(STAMP029) Makefile
 	rm -rf $(VLLM034)
-	$(BIN)/python -m pip install -q --no-deps --target $(VLLM034) vllm==0.34.0
+	$(VENV029)/bin/python -m pip install -q --no-deps --target $(VLLM034) vllm==0.34.0
 	touch $(STAMP034)
 
 demo: $(STAMP)
@@ -100,7 +104,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # vLLM 0.29: the end-to-end tests on real engines; vLLM 0.33 and 0.34: the API tests.
-test-vllm-matrix: $(STAMP029) $(STAMP033) $(STAMP034)
+test-vllm-matrix: $(STAMP) $(STAMP029) $(STAMP033) $(STAMP034)
 	PYTHONFAULTHANDLER=1 $(VENV029)/bin/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_E2E)
 	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM033) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_API)
 	PYTHONFAULTHANDLER=1 PYTHONPATH=$(VLLM034) $(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS) $(MATRIX_API)
