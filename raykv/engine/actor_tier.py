@@ -296,7 +296,7 @@ class DirectoryBackedTier(SecondaryTier):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         if self._pending is not None:
-            self._pending.book.idle.finished(req_context.req_id)
+            self._pending.finished(req_context)
 
     def on_schedule_end(self) -> None:
         self._cache.flush()
@@ -337,7 +337,8 @@ class DirectoryBackedTier(SecondaryTier):
     def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
         """A submitted job's validated, identity-scoped keys and its chunk ids
         (``ValueError`` when malformed), in the job's tenant scope. Results
-        name the job's own keys."""
+        name the job's own keys. A store's keys are noted as being stored
+        (``PendingBook.storing``): their pending entries outlive the request."""
         scope = self.key_scope(job.req_context)
         keys = [self.scope(validate_key(k), scope=scope) for k in job.keys]
         ids = np.asarray(job.chunk_ids)
@@ -346,6 +347,8 @@ class DirectoryBackedTier(SecondaryTier):
         chunks = [int(c) for c in ids.reshape(-1)]
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
+        if self._pending is not None and not job.is_promotion:  # their pending entries wait for this store
+            self._pending.book.storing(keys)
         return keys, chunks
 
     def lookup_blocking(

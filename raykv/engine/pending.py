@@ -3,7 +3,8 @@
 A request whose prefix nobody holds is computed by the engine that got it.
 ``PendingBook.announce`` lists those blocks in the directory as *pending*
 (``raykv.holders.pending``), with a deadline; ``stored`` ends each entry when
-the block's store succeeds. Another engine whose lookup meets a pending entry
+the block's store succeeds, and ``ended`` those its request ends without handing
+a store for (a client that hung up, an aborted request). Another engine whose lookup meets a pending entry
 asks ``decide`` how long to wait (answering RETRY until the blocks register,
 then loading them) or whether to compute them anyway.
 
@@ -56,7 +57,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import ModuleType
-from typing import cast
+from typing import NamedTuple, cast
 
 import ray
 from ray.actor import ActorClass, ActorHandle
@@ -109,7 +110,17 @@ EWMA = 0.3
 #: Most announced keys remembered for timing (oldest dropped first).
 MAX_TIMED = 65_536
 #: What the decisions are counted as (``raykv_pending_decisions``).
-DECISIONS = ("announce", "claim", "short", "wait", "compute", "loaded", "gave_up", "yield")
+DECISIONS = ("announce", "claim", "short", "wait", "compute", "loaded", "gave_up", "yield", "dropped")
+
+
+class _Timed(NamedTuple):
+    """What a book remembers of one block it announced."""
+
+    announced: float  # when (the book's clock)
+    place: int  # its place in its request's announcement (1-based)
+    listed: bool  # listed in the directory (else only timed: ``short``)
+    released: float  # when its request was released to compute it
+    storing: bool = False  # a store of it was handed to a tier of this process
 
 
 class PendingBook:
@@ -134,9 +145,8 @@ class PendingBook:
         self._directory = directory
         self._actor: ActorHandle | None = None
         self._lock = threading.Lock()
-        #: pending key -> (when announced, its place in its request's announcement (1-based),
-        #: whether it was listed in the directory, when its request was released to compute it)
-        self._timed: dict[bytes, tuple[float, int, bool, float]] = {}
+        #: pending key -> what the book remembers of its announcement
+        self._timed: dict[bytes, _Timed] = {}
         self.compute_s_per_block: float | None = None
         #: The prefill alone, per block (``SAMPLES``; None: not measured yet).
         self._prefill = LowerMedian(SAMPLES)
@@ -223,7 +233,7 @@ class PendingBook:
         now = self._clock()
         with self._lock:
             for i, pk in enumerate(pks, 1):
-                self._timed[pk] = (now, i, listed, now)
+                self._timed[pk] = _Timed(now, i, listed, now)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
         self.count("announce" if listed else "short")
@@ -240,7 +250,7 @@ class PendingBook:
                 pk = pending_key(k)
                 seen = self._timed.get(pk)
                 if seen is not None:
-                    self._timed[pk] = (seen[0], seen[1], seen[2], now)
+                    self._timed[pk] = seen._replace(released=now)
 
     def stored(self, keys: Sequence[bytes], submitted: float | None = None) -> None:
         """Blocks of ``keys`` (scoped tier keys) stored, handed to the tier at ``submitted``
@@ -256,10 +266,10 @@ class PendingBook:
                 pk = pending_key(k)
                 seen = self._timed.pop(pk, None)
                 if seen is not None:
-                    per_block.append((now - seen[0]) / seen[1])
-                    if submitted is not None and submitted > seen[3]:
-                        prefill.append((submitted - seen[3]) / seen[1])
-                    if seen[2]:
+                    per_block.append((now - seen.announced) / seen.place)
+                    if submitted is not None and submitted > seen.released:
+                        prefill.append((submitted - seen.released) / seen.place)
+                    if seen.listed:
                         done.append(pk)
             if prefill:
                 # the block announced last in a store's batch is the one its request waited longest for
@@ -270,6 +280,30 @@ class PendingBook:
         actor = self._handle()
         if actor is not None and done:
             actor.finish.remote(done)
+
+    def storing(self, keys: Sequence[bytes]) -> None:
+        """A tier of this process got a store of ``keys`` (scoped): their entries outlive their request."""
+        with self._lock:
+            for pk in map(pending_key, keys):
+                if (seen := self._timed.get(pk)) is not None:
+                    self._timed[pk] = seen._replace(storing=True)
+
+    def ended(self, keys: Sequence[bytes], req_id: str = "") -> int:
+        """Request ``req_id``, which announced ``keys`` (scoped), ended: vLLM says so only once
+        no store can be handed to a tier for it. It will never store the blocks it handed no
+        store for (its client hung up, it was aborted), so their entries end now, and engines
+        waiting for them compute them instead of waiting out the deadline (``dropped``)."""
+        with self._lock:
+            unstored = [(pk, t.listed) for pk in map(pending_key, keys) if (t := self._timed.get(pk)) and not t.storing]
+            for pk, _ in unstored:
+                del self._timed[pk]
+        gone = [pk for pk, listed in unstored if listed]
+        if gone and (actor := self._handle()) is not None:
+            actor.drop.remote(gone)
+        if gone:
+            self.count("dropped")
+            logger.debug("raykv: %s ended before storing %d blocks it listed: their entries end", req_id, len(gone))
+        return len(gone)
 
     def claim(self, key: bytes) -> Future[int] | None:
         """Claim the block of ``key`` (a scoped tier key this process announced) at its
@@ -474,6 +508,13 @@ class ComputeOnce:
         every request of the engine is, the step's end pauses (``IdleSteps``)."""
         req_context.retries += 1
         self.book.idle.held(req_context.req_id, req_context.pending_claim)
+
+    def finished(self, req_context: ReqContext) -> None:
+        """The request ended (``on_request_finished``): entries of blocks it announced and
+        handed no store for end now (``PendingBook.ended``; the first of its tiers told)."""
+        self.book.idle.finished(req_context.req_id)
+        keys, req_context.pending_keys = req_context.pending_keys, ()
+        self.book.ended(keys, req_context.req_id)
 
     @staticmethod
     def waiting(req_context: ReqContext) -> bool:

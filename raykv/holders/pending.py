@@ -7,6 +7,8 @@ for the blocks to register instead of computing them too
 (``raykv.engine.pending``). An entry ends, and its key leaves the directory:
 
 - when the computing engine's store of the block succeeds (``finish``);
+- when its request ends without handing the block's store to a tier
+  (``drop``: a client that hung up, an aborted request);
 - when its deadline passes (the actor drops it: a store that never came);
 - when the engine dies: the actor is owned by the engine process, and the
   directory shards, which watch every holder, drop all its keys at once.
@@ -67,7 +69,7 @@ class PendingActor(HolderActor):
         return (
             f"pending entries {self.info.holder_id}: {len(until)} blocks being computed; "
             f"{self.counters['announced']} announced, {self.counters['finished']} stored, "
-            f"{self.counters['expired']} expired"
+            f"{self.counters['dropped']} dropped (their request ended first), {self.counters['expired']} expired"
         )
 
     def describe(self) -> Report:
@@ -96,6 +98,15 @@ class PendingActor(HolderActor):
         await self._started
         gone = [k for k in dict.fromkeys(keys) if self._until.pop(k, None) is not None]
         self.counters["finished"] += len(gone)
+        await self._drop(gone)
+        return len(gone)
+
+    async def drop(self, keys: list[bytes]) -> int:
+        """The blocks of ``keys`` will not be stored after all (their request ended
+        first): their entries end now."""
+        await self._started
+        gone = [k for k in dict.fromkeys(keys) if self._until.pop(k, None) is not None]
+        self.counters["dropped"] += len(gone)
         await self._drop(gone)
         return len(gone)
 

@@ -119,7 +119,8 @@ _SPECS = (
         "until they register; compute: computed them anyway; loaded: waited and got them; gave_up: the "
         "wait ended without them) and requests that announced blocks they compute (announce; claim: "
         "and held back to see whether another engine announced them first; yield: it had; short: too "
-        "few blocks to list, computed as without pending entries)",
+        "few blocks to list, computed as without pending entries; dropped: it ended before storing "
+        "blocks it listed, a client that hung up, and their entries ended then)",
         ("node", "decision"),
     ),
     # -- engine side: raykv's cost on the engine's scheduler thread (raykv.metrics.step_cost), per node

@@ -9,6 +9,7 @@ node's directory agent."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 
 import pytest
@@ -156,6 +157,25 @@ def test_blocks_not_listed_are_still_timed() -> None:
     assert book.counts["short"] == 1 and book.counts["announce"] == 0
 
 
+def test_a_request_that_ends_drops_the_entries_it_handed_no_store_for() -> None:
+    """vLLM ends a request (``on_request_finished``) only once no store can be handed
+    to a tier for it: blocks it listed and never handed a store for (its client hung
+    up mid-prefill) will never be stored, so their entries end then; blocks whose
+    store is in flight keep theirs until the store ends."""
+    book, clock = _book()
+    keys = prefix_keys(list(range(4 * 16)), 16)
+    book.announce(keys)
+    book.storing(keys[:1])
+    assert book.ended(keys) == 3 and book.counts["dropped"] == 1
+    assert book.ended(keys) == 0 and book.counts["dropped"] == 1  # ended once
+    clock.now += 0.4
+    book.stored(keys[:1])  # the store in flight still ends its entry and times it
+    assert book.compute_s_per_block == pytest.approx(0.4)
+    short = prefix_keys(list(range(100, 100 + 2 * 16)), 16)
+    book.announce(short, listed=False)  # only timed: nothing listed, nothing to drop
+    assert book.ended(short) == 0 and book.counts["dropped"] == 1
+
+
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
     book, _ = _book()
     other = dataclasses.replace(book.info, holder_id="pending:node-b:1", node_id="node-b")
@@ -183,6 +203,7 @@ class Engine:
             {"type": "object_store"}, self.region.view, services=services, identity=identity
         )
         self.contexts: dict[str, ReqContext] = {}
+        self.job_ids = itertools.count(1)
 
     def step(self, keys: list[bytes], req_id: str, tenant: str | None = None) -> list[str]:
         """One scheduler step's lookups for a request: key by key, up to its first non-HIT."""
@@ -202,6 +223,27 @@ class Engine:
         from raykv.engine.tier_driver import TierDriver
 
         return TierDriver(self.tier).store(keys, list(range(len(keys)))).success
+
+    def submit_store(self, keys: list[bytes]) -> int:
+        """Hand the tier a store of ``keys`` without reading its result (an engine reads
+        it at a later step); returns the job's id for ``store_result``."""
+        import numpy as np
+
+        from raykv.core.contract import TransferJob
+
+        job = TransferJob(next(self.job_ids), keys, np.arange(len(keys)), False, ReqContext("store"))
+        self.tier.submit_store(job)
+        return job.job_id
+
+    def store_result(self, job_id: int) -> bool:
+        from raykv.engine.tier_driver import TierDriver
+
+        return TierDriver(self.tier).wait(job_id, 60).success
+
+    def finish(self, req_id: str) -> None:
+        """The engine ends request ``req_id`` (vLLM's ``on_request_finished``: no store
+        can be handed to a tier for it any more)."""
+        self.tier.on_request_finished(self.contexts[req_id])
 
     def end_entries(self, keys: list[bytes]) -> None:
         """End this engine's pending entries of ``keys`` as a store of them would, storing nothing."""
@@ -455,6 +497,50 @@ def test_a_computing_engine_that_dies_costs_waiters_no_more_than_its_death(servi
         assert ray.get(b.decisions.remote())["gave_up"] == 1
     finally:
         ray.get(b.close.remote())
+
+
+def test_a_request_that_ends_unstored_ends_its_entries_and_its_waiters_compute(services) -> None:
+    """A's client hangs up mid-prefill: A's engine ends the request without handing a
+    store of its blocks to the tier. Their entries end then, not at their deadline (a
+    minute here), and B, which was waiting for them, computes them."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(62_000, 62_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-8")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert ray.get(b.step.remote(keys, "b-8")) == ["RETRY"]
+        ray.get(a.finish.remote("a-8"))
+        answers, took = _settled(b, keys, "b-8", timeout_s=20)
+        assert answers == ["MISS"] and took < 10, (answers, took)
+        assert ray.get(b.decisions.remote())["gave_up"] == 1
+        assert ray.get(a.decisions.remote())["dropped"] == 1
+        wait_until(lambda: not any(_pending_holders(services, keys)), timeout_s=10, what="a's entries to end")
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_a_request_that_ends_with_its_store_in_flight_keeps_its_entries(services) -> None:
+    """A hands the store of its blocks to the tier, then ends the request before the
+    store's result is read (vLLM's order for a request's last blocks): the entries
+    stay until the store ends, and B, waiting, loads A's copy."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(64_000, 64_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-9")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert ray.get(b.step.remote(keys, "b-9")) == ["RETRY"]
+        job = ray.get(a.submit_store.remote(keys))
+        ray.get(a.finish.remote("a-9"))
+        time.sleep(1.0)  # (a dropped entry would have left the shard's books by now)
+        assert all(_pending_holders(services, keys))
+        assert ray.get(a.decisions.remote())["dropped"] == 0
+        assert ray.get(a.store_result.remote(job))
+        assert _settled(b, keys, "b-9")[0] == ["HIT"] * 4
+        got = ray.get(b.decisions.remote())
+        assert got["loaded"] == 1 and got["gave_up"] == 0, got
+        wait_until(lambda: not any(_pending_holders(services, keys)), timeout_s=10, what="a's entries to end")
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
 
 
 def test_an_entry_ends_at_its_deadline(ray_local) -> None:
