@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -166,8 +167,14 @@ def test_the_yamls_start_a_head_and_a_worker_with_or_without_a_token(
         generated = subprocess.run(
             [f"{BIN}/ray", "get-auth-token", "--generate"], env=one_machine.env, capture_output=True, timeout=60
         )
-        assert generated.returncode == 0 and (one_machine.home / ".ray" / "auth_token").is_file()
+        token_file = one_machine.home / ".ray" / "auth_token"
+        assert generated.returncode == 0 and token_file.is_file()
         one_machine.token = True
+        # The setup commands keep the copied token to its user (Ray 2.60 writes it 0644).
+        for command in [c for c in doc["setup_commands"] if "auth_token" in c]:
+            out = one_machine.run(command)
+            assert out.returncode == 0, f"{command}:\n{out.stderr[-3000:]}"
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600, oct(token_file.stat().st_mode)
 
     for command in _start_commands(doc, "head_start_ray_commands"):
         out = one_machine.run(command)
