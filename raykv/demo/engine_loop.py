@@ -12,9 +12,11 @@ so raykv's tiers live in the caller's Ray worker):
 - ``submit`` hands a request to the loop from any thread and returns a
   `Pending` that completes with the first-token and finish times;
 - between requests the loop keeps stepping while the scheduler reports
-  work (offloads in flight), so nothing waits for the next request.
+  work (offloads in flight), so nothing waits for the next request;
+- ``cancel`` aborts a request between two steps, as a server does for a
+  client that hangs up (``LLMEngine.abort_request``).
 
-Uses ``LLMEngine.add_request`` / ``step`` / ``has_unfinished_requests`` and the
+Uses ``LLMEngine.add_request`` / ``step`` / ``abort_request`` and the
 in-process client's ``engine_core.scheduler.has_requests()`` (checked on
 vLLM 0.29 and 0.32): vLLM has no public API for "is offloading done".
 """
@@ -52,6 +54,10 @@ class LoopSteps:
     offload_cpu_s: float = 0.0
 
 
+class RequestCancelled(RuntimeError):
+    """The request was aborted before it finished (``EngineLoop.cancel``)."""
+
+
 @dataclass
 class Pending:
     """One submitted request: done once the engine finished it (or failed)."""
@@ -64,6 +70,7 @@ class Pending:
     output: RequestOutput | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
+    request_id: str | None = None  # the engine's, once admitted
 
     def result(self, timeout_s: float) -> RequestOutput:
         """The finished ``RequestOutput``; raises the engine's error, or TimeoutError."""
@@ -85,6 +92,7 @@ class EngineLoop:
         self._llm: LLM | None = None
         self.load_s = 0.0
         self._inbox: queue.SimpleQueue[Pending] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[Pending] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle_lock = threading.Lock()  # "idle" is set only while the inbox is seen empty
@@ -119,6 +127,13 @@ class EngineLoop:
         self._wake.set()
         return pending
 
+    def cancel(self, pending: Pending) -> None:
+        """Abort ``pending`` before the next step, as a server does for a client that
+        hangs up; its ``result`` then raises ``RequestCancelled``. Never blocks; a
+        request that finished first keeps its result."""
+        self._cancels.put(pending)
+        self._wake.set()
+
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until the engine has no requests and no offloads in flight; True when it has none."""
         return self._idle.wait(timeout_s)
@@ -146,6 +161,7 @@ class EngineLoop:
         try:
             while not self._stop.is_set():
                 self._admit(llm, running)
+                self._cancel(llm, running)
                 if not running and not self._has_offload_work(llm):
                     with self._idle_lock:
                         if self._inbox.empty():
@@ -191,7 +207,20 @@ class EngineLoop:
                 p.error = e
                 p.done.set()
                 continue
+            p.request_id = request_id
             running[request_id] = p
+
+    def _cancel(self, llm: LLM, running: dict[str, Pending]) -> None:
+        while True:
+            try:
+                p = self._cancels.get_nowait()
+            except queue.Empty:
+                return
+            if p.request_id is None or running.pop(p.request_id, None) is None:
+                continue  # finished (or failed) first
+            llm.llm_engine.abort_request([p.request_id])
+            p.error = RequestCancelled(f"request {p.request_id} cancelled")
+            p.done.set()
 
     def _step(self, llm: LLM, running: dict[str, Pending]) -> None:
         from raykv.integrations.vllm.engines import RequestOutput

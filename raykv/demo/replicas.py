@@ -23,7 +23,7 @@ from raykv.core import signals
 from raykv.core.logs import LOG_LEVEL_ENV
 from raykv.core.validate import ArgumentError
 from raykv.core.wire import JsonValue
-from raykv.demo.engine_loop import LoopSteps
+from raykv.demo.engine_loop import LoopSteps, Pending
 from raykv.demo.messages import Completion, ReplicaReady
 from raykv.demo.workload import TraceRequest
 
@@ -78,6 +78,7 @@ class EngineReplica:
         self.loop = EngineLoop(model, kv_transfer_config, engine_kwargs)
         self.llm = self.loop.llm
         self.load_s = self.loop.load_s
+        self._in_flight: dict[int, Pending] = {}  # generate calls waiting for their result, by id
 
     def __repr__(self) -> str:
         # What it serves only (the dashboard records it once); works when __init__ raised early.
@@ -116,7 +117,11 @@ class EngineReplica:
             self.loop.submit(prompt_token_ids[:warm_prefix_tokens], warm).result(600)
         params = greedy_params(max_tokens, kv_transfer_params, logprobs=5, ignore_eos=True)
         pending = self.loop.submit(prompt_token_ids, params)
-        out = pending.result(600)
+        self._in_flight[id(pending)] = pending
+        try:
+            out = pending.result(600)
+        finally:
+            self._in_flight.pop(id(pending), None)
         if settle:
             self.settle()
         first = out.outputs[0].logprobs[0] if out.outputs[0].logprobs else {}
@@ -133,6 +138,14 @@ class EngineReplica:
             decode_ms_per_token=decode,
             top2=[_top2(pos) for pos in out.outputs[0].logprobs or []],
         )
+
+    def cancel_all(self) -> int:
+        """Abort every request in flight, as a server does for clients that hang up:
+        their ``generate`` calls raise ``RequestCancelled``. Returns how many."""
+        in_flight = list(self._in_flight.values())
+        for pending in in_flight:
+            self.loop.cancel(pending)
+        return len(in_flight)
 
     def settle(self, timeout_s: float = 30.0) -> bool:
         """Wait until the engine's requests and offloads are done; True when settled.

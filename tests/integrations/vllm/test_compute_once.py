@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm_engine]
 NAMESPACE = "raykv-compute-once"
 PROMPT_LEN = 1900
 CACHEABLE = (PROMPT_LEN // 128) * 128
-ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 40, "enforce_eager": True}
+#: Prefill in chunks of 4 blocks (a step each), as a serving engine under load does: a request
+#: cancelled mid-prefill has blocks it never computed.
+ENGINE = {"max_model_len": 2048, "num_gpu_blocks_override": 40, "enforce_eager": True, "max_num_batched_tokens": 512}
 MIB = 1024 * 1024
 #: A minute: the bench model's prefill of the prompt takes seconds on a 2-core host, longer than the
 #: default 5 s a waiter waits before this engine has measured its own compute time. And a second for
@@ -115,6 +117,42 @@ def test_another_tenant_never_waits_for_them(two_replicas) -> None:
     on_b = ray.get(b.generate.remote(prompt, kv_transfer_params={"tenant": "tenant-b"}), timeout=300)
     assert ray.get(on_a, timeout=300).cached_tokens == 0
     assert on_b.cached_tokens == 0  # computed by B: nothing of tenant-a's, and no wait for it
+
+
+def test_a_request_cancelled_mid_prefill_ends_its_entries(two_replicas) -> None:
+    """A's client hangs up mid-prefill: A's engine aborts the request (as Ray Serve does)
+    and ends the pending entries of the blocks it never stored, instead of leaving them
+    to their deadline. B, which was waiting for them, computes them; its output equals a
+    recompute."""
+    a, b, services, nodes = two_replicas
+    prompt = make_prompt_tokens(PROMPT_LEN, 53)
+    before_a, before_b = ray.get([a.compute_once.remote(), b.compute_once.remote()], timeout=60)
+    on_a = _meet_while_a_computes(services, a, nodes[0], prompt)
+    on_b = b.generate.remote(prompt)
+    wait_until(
+        lambda: ray.get(b.compute_once.remote()).get("pending_wait", 0) > before_b.get("pending_wait", 0),
+        timeout_s=60,
+        what="B to wait for A's blocks",
+        interval_s=0.02,
+    )
+    assert ray.get(a.cancel_all.remote(), timeout=60) == 1
+    t0 = time.monotonic()
+    with pytest.raises(ray.exceptions.RayTaskError, match="cancelled"):
+        ray.get(on_a, timeout=120)
+    wait_until(lambda: _pending_on(services, nodes[0]) == 0, timeout_s=90, what="A's entries to end")
+    ended_s = time.monotonic() - t0
+    done = ray.get(on_b, timeout=300)
+    after_a, after_b = ray.get([a.compute_once.remote(), b.compute_once.remote()], timeout=60)
+    print(f"A cancelled: its entries ended {ended_s:.2f} s later; B got {done.cached_tokens} tokens from raykv")
+    assert after_a.get("pending_dropped", 0) - before_a.get("pending_dropped", 0) == 1, after_a
+    assert after_b.get("pending_gave_up", 0) - before_b.get("pending_gave_up", 0) == 1, after_b
+    # The abort lands between two steps (one chunk's prefill: about 5 s here); the entries
+    # ended then, not at their deadline (60 s here: they did before 2026-12-07).
+    assert ended_s < 30, ended_s
+    assert done.cached_tokens < CACHEABLE  # A never computed part of it: B did
+    reference = ray.get(a.generate.remote(prompt, kv_transfer_params={"tenant": "reference"}), timeout=300)
+    same = compare_outputs([reference], [done], "bfloat16")
+    assert same.ok, same.line()
 
 
 def test_a_computing_replica_that_dies_costs_the_waiter_a_recompute(two_replicas) -> None:
