@@ -141,7 +141,7 @@ class DirectoryBackedTier(SecondaryTier):
         if book is not None:  # a key is a miss of the process when none of its tiers loads it
             loadable = lambda hs: self.services.planner.source(self.key_tag, hs) is not None  # noqa: E731
             self._pending = ComputeOnce(book, self._cache, loadable, self._scoped_prefix)
-        self.jobs: JobTracker = MeteredJobTracker(_Accounting(self.metrics, book), self.block_size_bytes)
+        self.jobs: JobTracker = MeteredJobTracker(_Accounting(self.metrics, book, self.scoped), self.block_size_bytes)
         self.services.register_identity(self.identity)
         self._events: HoldingsFeed | None = None
         self.services.planner.add(self.key_tag, self)
@@ -327,27 +327,28 @@ class DirectoryBackedTier(SecondaryTier):
             self.jobs.fail(job, f"not finished within drain timeout of {timeout}s")
 
     def note_stored(self, keys: list[bytes], holder: HolderInfo, submitted: float | None = None) -> None:
-        """``holder`` now holds ``keys`` (scoped), stored by this process from a job
-        submitted at ``submitted`` (monotonic s, when known): the process's answers
-        say so, and pending entries of them end."""
+        """``holder`` now holds ``keys`` (scoped), stored by this process from a job submitted at
+        ``submitted`` (monotonic s, when known): the process's answers say so, and their pending entries end."""
         self._cache.note_stored(keys, holder)
         if self._pending is not None:
             self._pending.book.stored(keys, submitted)
 
+    def scoped(self, keys: Collection[OffloadKey], req_context: ReqContext | None) -> list[bytes]:
+        """``keys`` validated (``ValueError``), in ``req_context``'s identity and tenant scope."""
+        scope = self.key_scope(req_context)
+        return [self.scope(validate_key(k), scope=scope) for k in keys]
+
     def job_slots(self, job: TransferJob) -> tuple[list[bytes], list[int]]:
-        """A submitted job's validated, identity-scoped keys and its chunk ids
-        (``ValueError`` when malformed), in the job's tenant scope. Results
-        name the job's own keys. A store's keys are noted as being stored
-        (``PendingBook.storing``): their pending entries outlive the request."""
-        scope = self.key_scope(job.req_context)
-        keys = [self.scope(validate_key(k), scope=scope) for k in job.keys]
+        """A submitted job's validated, identity-scoped keys and its chunk ids (``ValueError`` when
+        malformed), in the job's tenant scope. Results name the job's own keys."""
+        keys = self.scoped(job.keys, job.req_context)
         ids = np.asarray(job.chunk_ids)
         if ids.size and ids.dtype.kind not in "iu":  # never turn 2.7 or "3" into a slot
             raise ValueError(f"chunk ids must be ints, got {ids.dtype} values")
         chunks = [int(c) for c in ids.reshape(-1)]
         if len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys but {len(chunks)} chunk ids")
-        if self._pending is not None and not job.is_promotion:  # their pending entries wait for this store
+        if self._pending is not None and not job.is_promotion:  # their pending entries outlive the request
             self._pending.book.storing(keys)
         return keys, chunks
 
@@ -355,8 +356,7 @@ class DirectoryBackedTier(SecondaryTier):
         self, keys: Collection[OffloadKey], timeout: float = 10.0, req_context: ReqContext | None = None
     ) -> list[LookupResult]:
         """Resolve ``keys`` now for ``req_context``'s tenant (tools, tests); unheld ones ask the directory."""
-        scope = self.key_scope(req_context)
-        scoped = [self.scope(validate_key(k), scope=scope) for k in keys]
+        scoped = self.scoped(keys, req_context)
         unheld = [k for k in scoped if not self._cache.get(k)]
         self._cache.invalidate(unheld)
         for k in unheld:
@@ -366,17 +366,33 @@ class DirectoryBackedTier(SecondaryTier):
 
 
 class _Accounting:
-    """Where a tier's finished jobs are counted: its metrics, and its loads' times
-    for the compute-once rule (``PendingBook.observe_load``)."""
+    """Where a tier's finished jobs are counted: its metrics, and for the compute-once
+    rule its loads' times (``PendingBook.observe_load``) and its failed stores, whose
+    blocks' pending entries end (``PendingBook.storing``)."""
 
-    def __init__(self, metrics: TierMetrics, pending: PendingBook | None) -> None:
+    def __init__(
+        self,
+        metrics: TierMetrics,
+        pending: PendingBook | None,
+        scoped: Callable[[Collection[OffloadKey], ReqContext | None], list[bytes]],
+    ) -> None:
         self.metrics = metrics
         self.pending = pending
+        self._scoped = scoped
 
     def job_finished(self, job: TransferJob, result: JobResult, block_bytes: int) -> None:
         self.metrics.job_finished(job, result, block_bytes)
-        if self.pending is not None and job.is_promotion and result.success and result.transfer_time is not None:
-            self.pending.observe_load(result.transfer_time, len(job.keys))
+        if self.pending is None:
+            return
+        if job.is_promotion:
+            if result.success and result.transfer_time is not None:
+                self.pending.observe_load(result.transfer_time, len(job.keys))
+        elif not result.success:
+            try:
+                keys = self._scoped(job.keys, job.req_context)
+            except ValueError:
+                return  # malformed: refused before any store began
+            self.pending.storing(keys, change=-1)
 
 
 @dataclass

@@ -4,9 +4,10 @@ A request whose prefix nobody holds is computed by the engine that got it.
 ``PendingBook.announce`` lists those blocks in the directory as *pending*
 (``raykv.holders.pending``), with a deadline; ``stored`` ends each entry when
 the block's store succeeds, and ``ended`` those its request ends without handing
-a store for (a client that hung up, an aborted request). Another engine whose lookup meets a pending entry
-asks ``decide`` how long to wait (answering RETRY until the blocks register,
-then loading them) or whether to compute them anyway.
+a store for (a client that hung up, an aborted request) or whose store failed.
+Another engine whose lookup meets a pending entry asks ``decide`` how long to
+wait (answering RETRY until the blocks register, then loading them) or whether
+to compute them anyway.
 
 The rule uses what this process measured:
 
@@ -120,7 +121,7 @@ class _Timed(NamedTuple):
     place: int  # its place in its request's announcement (1-based)
     listed: bool  # listed in the directory (else only timed: ``short``)
     released: float  # when its request was released to compute it
-    storing: bool = False  # a store of it was handed to a tier of this process
+    storing: int = 0  # stores of it handed to this process's tiers and not ended
 
 
 class PendingBook:
@@ -281,12 +282,16 @@ class PendingBook:
         if actor is not None and done:
             actor.finish.remote(done)
 
-    def storing(self, keys: Sequence[bytes]) -> None:
-        """A tier of this process got a store of ``keys`` (scoped): their entries outlive their request."""
+    def storing(self, keys: Sequence[bytes], change: int = 1) -> None:
+        """A tier of this process got a store of ``keys`` (scoped): their entries outlive
+        their request. ``change=-1``: that store failed; vLLM hands a block's store to a
+        tier once, so a block with no other store in flight ends its entry now (``ended``)."""
         with self._lock:
             for pk in map(pending_key, keys):
                 if (seen := self._timed.get(pk)) is not None:
-                    self._timed[pk] = seen._replace(storing=True)
+                    self._timed[pk] = seen._replace(storing=max(0, seen.storing + change))
+        if change < 0:
+            self.ended(keys, "a failed store")
 
     def ended(self, keys: Sequence[bytes], req_id: str = "") -> int:
         """Request ``req_id``, which announced ``keys`` (scoped), ended: vLLM says so only once

@@ -7,8 +7,8 @@ for the blocks to register instead of computing them too
 (``raykv.engine.pending``). An entry ends, and its key leaves the directory:
 
 - when the computing engine's store of the block succeeds (``finish``);
-- when its request ends without handing the block's store to a tier
-  (``drop``: a client that hung up, an aborted request);
+- when its request ends without handing the block's store to a tier, or
+  that store fails (``drop``: a client that hung up, an aborted request);
 - when its deadline passes (the actor drops it: a store that never came);
 - when the engine dies: the actor is owned by the engine process, and the
   directory shards, which watch every holder, drop all its keys at once.

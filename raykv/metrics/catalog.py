@@ -120,7 +120,7 @@ _SPECS = (
         "wait ended without them) and requests that announced blocks they compute (announce; claim: "
         "and held back to see whether another engine announced them first; yield: it had; short: too "
         "few blocks to list, computed as without pending entries; dropped: it ended before storing "
-        "blocks it listed, a client that hung up, and their entries ended then)",
+        "blocks it listed, a client that hung up, or their store failed, and their entries ended then)",
         ("node", "decision"),
     ),
     # -- engine side: raykv's cost on the engine's scheduler thread (raykv.metrics.step_cost), per node

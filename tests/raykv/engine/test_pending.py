@@ -174,6 +174,14 @@ def test_a_request_that_ends_drops_the_entries_it_handed_no_store_for() -> None:
     short = prefix_keys(list(range(100, 100 + 2 * 16)), 16)
     book.announce(short, listed=False)  # only timed: nothing listed, nothing to drop
     assert book.ended(short) == 0 and book.counts["dropped"] == 1
+    # a failed store: the block's entry ends once no other store of it is in flight
+    book.announce(keys)
+    book.storing(keys[:2])
+    book.storing(keys[:1])  # a second tier's store of the first block
+    book.storing(keys[:2], change=-1)
+    assert book.counts["dropped"] == 2 and pending_key(keys[1]) not in book._timed
+    assert book.ended(keys) == 2  # the request ends: the two never handed over
+    assert pending_key(keys[0]) in book._timed  # its other store is still in flight
 
 
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
@@ -224,14 +232,16 @@ class Engine:
 
         return TierDriver(self.tier).store(keys, list(range(len(keys)))).success
 
-    def submit_store(self, keys: list[bytes]) -> int:
-        """Hand the tier a store of ``keys`` without reading its result (an engine reads
-        it at a later step); returns the job's id for ``store_result``."""
+    def submit_store(self, keys: list[bytes], first_chunk: int = 0) -> int:
+        """Hand the tier a store of ``keys`` (from primary chunks ``first_chunk`` on: past
+        the region's 16, the holder cannot read them) without reading its result (an
+        engine reads it at a later step); returns the job's id for ``store_result``."""
         import numpy as np
 
         from raykv.core.contract import TransferJob
 
-        job = TransferJob(next(self.job_ids), keys, np.arange(len(keys)), False, ReqContext("store"))
+        chunks = np.arange(first_chunk, first_chunk + len(keys))
+        job = TransferJob(next(self.job_ids), keys, chunks, False, ReqContext("store"))
         self.tier.submit_store(job)
         return job.job_id
 
@@ -538,6 +548,26 @@ def test_a_request_that_ends_with_its_store_in_flight_keeps_its_entries(services
         assert _settled(b, keys, "b-9")[0] == ["HIT"] * 4
         got = ray.get(b.decisions.remote())
         assert got["loaded"] == 1 and got["gave_up"] == 0, got
+        wait_until(lambda: not any(_pending_holders(services, keys)), timeout_s=10, what="a's entries to end")
+    finally:
+        ray.get([a.close.remote(), b.close.remote()])
+
+
+def test_a_failed_store_ends_its_entries_and_its_waiters_compute(services) -> None:
+    """A's store of its blocks fails (its holder cannot read the chunks): vLLM hands a
+    block's store to a tier once, so A will never store them. Their entries end then,
+    not at their deadline (a minute here), and B, waiting for them, computes them."""
+    a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
+    keys = prefix_keys(list(range(66_000, 66_000 + 4 * 16)), 16)
+    try:
+        assert _settled(a, keys, "a-10")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+        assert ray.get(b.step.remote(keys, "b-10")) == ["RETRY"]
+        job = ray.get(a.submit_store.remote(keys, first_chunk=1000))
+        assert not ray.get(a.store_result.remote(job))
+        answers, took = _settled(b, keys, "b-10", timeout_s=20)
+        assert answers == ["MISS"] and took < 10, (answers, took)
+        assert ray.get(a.decisions.remote())["dropped"] == 1
         wait_until(lambda: not any(_pending_holders(services, keys)), timeout_s=10, what="a's entries to end")
     finally:
         ray.get([a.close.remote(), b.close.remote()])
