@@ -509,6 +509,13 @@ def test_a_computing_engine_that_dies_costs_waiters_no_more_than_its_death(servi
         ray.get(b.close.remote())
 
 
+def _b_waits_for_a(services, a, b, keys: list[bytes], n: str) -> None:
+    """A's request ``a-<n>`` computes ``keys`` (listed as pending); B's ``b-<n>`` waits for them."""
+    assert _settled(a, keys, f"a-{n}")[0] == ["MISS"]
+    wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
+    assert ray.get(b.step.remote(keys, f"b-{n}")) == ["RETRY"]
+
+
 def test_a_request_that_ends_unstored_ends_its_entries_and_its_waiters_compute(services) -> None:
     """A's client hangs up mid-prefill: A's engine ends the request without handing a
     store of its blocks to the tier. Their entries end then, not at their deadline (a
@@ -516,9 +523,7 @@ def test_a_request_that_ends_unstored_ends_its_entries_and_its_waiters_compute(s
     a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
     keys = prefix_keys(list(range(62_000, 62_000 + 4 * 16)), 16)
     try:
-        assert _settled(a, keys, "a-8")[0] == ["MISS"]
-        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
-        assert ray.get(b.step.remote(keys, "b-8")) == ["RETRY"]
+        _b_waits_for_a(services, a, b, keys, "8")
         ray.get(a.finish.remote("a-8"))
         answers, took = _settled(b, keys, "b-8", timeout_s=20)
         assert answers == ["MISS"] and took < 10, (answers, took)
@@ -536,9 +541,7 @@ def test_a_request_that_ends_with_its_store_in_flight_keeps_its_entries(services
     a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
     keys = prefix_keys(list(range(64_000, 64_000 + 4 * 16)), 16)
     try:
-        assert _settled(a, keys, "a-9")[0] == ["MISS"]
-        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
-        assert ray.get(b.step.remote(keys, "b-9")) == ["RETRY"]
+        _b_waits_for_a(services, a, b, keys, "9")
         job = ray.get(a.submit_store.remote(keys))
         ray.get(a.finish.remote("a-9"))
         time.sleep(1.0)  # (a dropped entry would have left the shard's books by now)
@@ -560,9 +563,7 @@ def test_a_failed_store_ends_its_entries_and_its_waiters_compute(services) -> No
     a, b = Engine.remote("raykv-pending"), Engine.remote("raykv-pending")
     keys = prefix_keys(list(range(66_000, 66_000 + 4 * 16)), 16)
     try:
-        assert _settled(a, keys, "a-10")[0] == ["MISS"]
-        wait_until(lambda: all(_pending_holders(services, keys)), timeout_s=10, what="a's pending entries")
-        assert ray.get(b.step.remote(keys, "b-10")) == ["RETRY"]
+        _b_waits_for_a(services, a, b, keys, "10")
         job = ray.get(a.submit_store.remote(keys, first_chunk=1000))
         assert not ray.get(a.store_result.remote(job))
         answers, took = _settled(b, keys, "b-10", timeout_s=20)
