@@ -95,18 +95,18 @@ class PendingActor(HolderActor):
 
     async def finish(self, keys: list[bytes]) -> int:
         """The blocks of ``keys`` are stored: their entries end now."""
-        await self._started
-        gone = [k for k in dict.fromkeys(keys) if self._until.pop(k, None) is not None]
-        self.counters["finished"] += len(gone)
-        await self._drop(gone)
-        return len(gone)
+        return await self._end(keys, "finished")
 
     async def drop(self, keys: list[bytes]) -> int:
         """The blocks of ``keys`` will not be stored after all (their request ended
-        first): their entries end now."""
+        first, or their store failed): their entries end now."""
+        return await self._end(keys, "dropped")
+
+    async def _end(self, keys: list[bytes], counter: str) -> int:
+        """End the entries of ``keys`` that are listed, counted under ``counter``; how many."""
         await self._started
         gone = [k for k in dict.fromkeys(keys) if self._until.pop(k, None) is not None]
-        self.counters["dropped"] += len(gone)
+        self.counters[counter] += len(gone)
         await self._drop(gone)
         return len(gone)
 
