@@ -233,8 +233,8 @@ class PendingBook:
         pks = [pending_key(k) for k in keys]
         now = self._clock()
         with self._lock:
-            for i, pk in enumerate(pks, 1):
-                self._timed[pk] = _Timed(now, i, listed, now)
+            for i, pk in enumerate(pks, 1):  # another request's store in flight still ends the entry
+                self._timed[pk] = _Timed(now, i, listed, now, seen.storing if (seen := self._timed.get(pk)) else 0)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
         self.count("announce" if listed else "short")
@@ -293,8 +293,9 @@ class PendingBook:
         if change < 0:
             self.ended(keys, "a failed store")
 
-    def ended(self, keys: Sequence[bytes], req_id: str = "") -> int:
-        """Request ``req_id``, which announced ``keys`` (scoped), ended: vLLM says so only once
+    def ended(self, keys: Sequence[bytes], why: str = "a request") -> int:
+        """The request that announced ``keys`` (scoped) ended (``why`` names it in the debug
+        log, or says "a failed store"): vLLM says a request ended only once
         no store can be handed to a tier for it. It will never store the blocks it handed no
         store for (its client hung up, it was aborted), so their entries end now, and engines
         waiting for them compute them instead of waiting out the deadline (``dropped``)."""
@@ -307,7 +308,7 @@ class PendingBook:
             actor.drop.remote(gone)
         if gone:
             self.count("dropped")
-            logger.debug("raykv: %s ended before storing %d blocks it listed: their entries end", req_id, len(gone))
+            logger.debug("raykv: %s leaves %d listed blocks unstored: their entries end", why, len(gone))
         return len(gone)
 
     def claim(self, key: bytes) -> Future[int] | None:
@@ -519,7 +520,7 @@ class ComputeOnce:
         handed no store for end now (``PendingBook.ended``; the first of its tiers told)."""
         self.book.idle.finished(req_context.req_id)
         keys, req_context.pending_keys = req_context.pending_keys, ()
-        self.book.ended(keys, req_context.req_id)
+        self.book.ended(keys, f"request {req_context.req_id}")
 
     @staticmethod
     def waiting(req_context: ReqContext) -> bool:

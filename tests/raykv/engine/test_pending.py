@@ -184,6 +184,19 @@ def test_a_request_that_ends_drops_the_entries_it_handed_no_store_for() -> None:
     assert pending_key(keys[0]) in book._timed  # its other store is still in flight
 
 
+def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_flight() -> None:
+    """Two requests of one engine compute the same new prefix: the second's announcement
+    must not forget the first's store in flight, or the second's end would drop the
+    entry before that store lands."""
+    book, _ = _book()
+    keys = prefix_keys(list(range(2 * 16)), 16)
+    book.announce(keys)
+    book.storing(keys)  # the first request's store is in flight
+    book.announce(keys)  # the second request computes the same blocks
+    assert book.ended(keys) == 0 and book.counts["dropped"] == 0
+    assert all(pending_key(k) in book._timed for k in keys)
+
+
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
     book, _ = _book()
     other = dataclasses.replace(book.info, holder_id="pending:node-b:1", node_id="node-b")
