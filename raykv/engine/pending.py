@@ -124,6 +124,10 @@ class _Timed(NamedTuple):
     storing: int = 0  # stores of it handed to this process's tiers and not ended
 
 
+#: A block this process has not announced (yet): not listed, no store in flight.
+_UNSEEN = _Timed(0.0, 0, False, 0.0)
+
+
 class PendingBook:
     """One engine process's pending entries (one ``PendingActor``) and its wait rule."""
 
@@ -233,8 +237,9 @@ class PendingBook:
         pks = [pending_key(k) for k in keys]
         now = self._clock()
         with self._lock:
-            for i, pk in enumerate(pks, 1):  # another request's store in flight still ends the entry
-                self._timed[pk] = _Timed(now, i, listed, now, seen.storing if (seen := self._timed.get(pk)) else 0)
+            for i, pk in enumerate(pks, 1):  # what another request of this process listed or is storing stays
+                seen = self._timed.get(pk, _UNSEEN)
+                self._timed[pk] = _Timed(now, i, listed or seen.listed, now, seen.storing)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
         self.count("announce" if listed else "short")
@@ -294,8 +299,7 @@ class PendingBook:
             self.ended(keys, "a failed store")
 
     def ended(self, keys: Sequence[bytes], why: str = "a request") -> int:
-        """The request that announced ``keys`` (scoped) ended (``why`` names it in the debug
-        log, or says "a failed store"): vLLM says a request ended only once
+        """The request that announced ``keys`` (scoped) ended (``why``: who, for the log): vLLM says so only once
         no store can be handed to a tier for it. It will never store the blocks it handed no
         store for (its client hung up, it was aborted), so their entries end now, and engines
         waiting for them compute them instead of waiting out the deadline (``dropped``)."""

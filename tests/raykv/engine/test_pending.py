@@ -187,7 +187,8 @@ def test_a_request_that_ends_drops_the_entries_it_handed_no_store_for() -> None:
 def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_flight() -> None:
     """Two requests of one engine compute the same new prefix: the second's announcement
     must not forget the first's store in flight, or the second's end would drop the
-    entry before that store lands."""
+    entry before that store lands, nor the first's listing, or the store would leave
+    the entry listed until its deadline."""
     book, _ = _book()
     keys = prefix_keys(list(range(2 * 16)), 16)
     book.announce(keys)
@@ -195,6 +196,10 @@ def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_fli
     book.announce(keys)  # the second request computes the same blocks
     assert book.ended(keys) == 0 and book.counts["dropped"] == 0
     assert all(pending_key(k) in book._timed for k in keys)
+    # a second request that computes them unlisted (``short``) keeps the first one's listing:
+    # the store still ends the directory's entries
+    book.announce(keys, listed=False)
+    assert all(book._timed[pending_key(k)].listed for k in keys)
 
 
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
