@@ -122,6 +122,7 @@ class _Timed(NamedTuple):
     listed: bool  # listed in the directory (else only timed: ``short``)
     released: float  # when its request was released to compute it
     storing: int = 0  # stores of it handed to this process's tiers and not ended
+    listers: int = 0  # live requests of this process that listed it and compute it
 
 
 #: A block this process has not announced (yet): not listed, no store in flight.
@@ -218,14 +219,9 @@ class PendingBook:
             return self.max_wait_s
         return min(self.max_wait_s, DEADLINE_FACTOR * self.compute_s_per_block * blocks + WAIT_SLACK_S)
 
-    def is_mine(self, holder: HolderInfo) -> bool:
-        """Whether ``holder`` is this process's own pending holder (never waited for)."""
-        return holder.holder_id == self.info.holder_id
-
-    @staticmethod
-    def computing(holders: Sequence[HolderInfo], mine: Callable[[HolderInfo], bool]) -> bool:
-        """Whether ``holders`` (a pending key's) name another engine computing the block."""
-        return any(h.medium == PENDING and not mine(h) for h in holders)
+    def others_compute(self, holders: Sequence[HolderInfo]) -> bool:
+        """Whether ``holders`` (a pending key's) name another engine than this process computing the block."""
+        return any(h.medium == PENDING and h.holder_id != self.info.holder_id for h in holders)
 
     # -- the entries -----------------------------------------------------------
     def announce(self, keys: Sequence[bytes], listed: bool = True) -> None:
@@ -239,7 +235,7 @@ class PendingBook:
         with self._lock:
             for i, pk in enumerate(pks, 1):  # what another request of this process listed or is storing stays
                 seen = self._timed.get(pk, _UNSEEN)
-                self._timed[pk] = _Timed(now, i, listed or seen.listed, now, seen.storing)
+                self._timed[pk] = _Timed(now, i, listed or seen.listed, now, seen.storing, seen.listers + listed)
             while len(self._timed) > MAX_TIMED:
                 del self._timed[next(iter(self._timed))]
         self.count("announce" if listed else "short")
@@ -296,24 +292,33 @@ class PendingBook:
                 if (seen := self._timed.get(pk)) is not None:
                     self._timed[pk] = seen._replace(storing=max(0, seen.storing + change))
         if change < 0:
-            self.ended(keys, "a failed store")
+            self.ended(keys, "a failed store", request=False)
 
-    def ended(self, keys: Sequence[bytes], why: str = "a request") -> int:
-        """The request that announced ``keys`` (scoped) ended (``why``: who, for the log): vLLM says so only once
-        no store can be handed to a tier for it. It will never store the blocks it handed no
-        store for (its client hung up, it was aborted), so their entries end now, and engines
-        waiting for them compute them instead of waiting out the deadline (``dropped``)."""
-        with self._lock:
-            unstored = [(pk, t.listed) for pk in map(pending_key, keys) if (t := self._timed.get(pk)) and not t.storing]
-            for pk, _ in unstored:
-                del self._timed[pk]
-        gone = [pk for pk, listed in unstored if listed]
-        if gone and (actor := self._handle()) is not None:
-            actor.drop.remote(gone)
+    def ended(self, keys: Sequence[bytes], why: str = "a request", request: bool = True) -> int:
+        """The ``request`` that listed ``keys`` (scoped; ``why``: who, for the log) ended: vLLM says so only once no
+        store can be handed to a tier for it. Unless another live request of this process lists them, the entries of
+        blocks it handed no store for end now (``dropped``): waiters compute. Not ``request``: a store failed."""
+        gone = self._end(keys, request)
         if gone:
             self.count("dropped")
             logger.debug("raykv: %s leaves %d listed blocks unstored: their entries end", why, len(gone))
         return len(gone)
+
+    def _end(self, keys: Sequence[bytes], request: bool) -> list[bytes]:
+        """End the entries of ``keys`` (scoped) kept by no store in flight and no other lister (``ended``)."""
+        gone: list[bytes] = []
+        with self._lock:
+            for pk in map(pending_key, keys):
+                if (seen := self._timed.get(pk)) is None:
+                    continue
+                seen = seen._replace(listers=max(0, seen.listers - request))
+                if seen.storing or (request and seen.listers):
+                    self._timed[pk] = seen
+                elif self._timed.pop(pk).listed:
+                    gone.append(pk)
+        if gone and (actor := self._handle()) is not None:
+            actor.drop.remote(gone)
+        return gone
 
     def claim(self, key: bytes) -> Future[int] | None:
         """Claim the block of ``key`` (a scoped tier key this process announced) at its
@@ -330,16 +335,10 @@ class PendingBook:
         return answer
 
     def withdraw(self, keys: Sequence[bytes]) -> None:
-        """This process will not compute the blocks of ``keys`` (scoped tier keys) after
-        all: another engine announced them first. Their entries end now, untimed."""
-        pks = [pending_key(k) for k in keys]
-        with self._lock:
-            for pk in pks:
-                self._timed.pop(pk, None)
+        """The request that listed ``keys`` (scoped) will not compute them after all: another
+        engine claimed them first. Their entries end as at its end (``ended``), untimed."""
         self.count("yield")
-        actor = self._handle()
-        if actor is not None and pks:
-            actor.finish.remote(pks)
+        self._end(keys, request=True)
 
     def observe_load(self, seconds: float, blocks: int) -> None:
         """One of this process's loads: ``blocks`` blocks in ``seconds``."""
@@ -587,7 +586,7 @@ class ComputeOnce:
         block registered (another shard's feed), while the rest are still pending."""
         book = self.book
         pending = self._answers.get(pending_key(key))
-        if pending is not None and book.computing(pending, book.is_mine):
+        if pending is not None and book.others_compute(pending):
             return True
         scoped = self._scoped_prefix(req_context)
         if key not in scoped:
@@ -595,7 +594,7 @@ class ComputeOnce:
         start = scoped.index(key) + 1
         for k in scoped[start : start + SCAN_BLOCKS]:
             pending = self._answers.get(pending_key(k))
-            if pending is not None and book.computing(pending, book.is_mine):
+            if pending is not None and book.others_compute(pending):
                 return True
         return False
 

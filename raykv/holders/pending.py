@@ -69,7 +69,7 @@ class PendingActor(HolderActor):
         return (
             f"pending entries {self.info.holder_id}: {len(until)} blocks being computed; "
             f"{self.counters['announced']} announced, {self.counters['finished']} stored, "
-            f"{self.counters['dropped']} dropped (their request ended first), {self.counters['expired']} expired"
+            f"{self.counters['dropped']} dropped (not stored after all), {self.counters['expired']} expired"
         )
 
     def describe(self) -> Report:

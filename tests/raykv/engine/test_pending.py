@@ -202,13 +202,47 @@ def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_fli
     assert all(book._timed[pending_key(k)].listed for k in keys)
 
 
+def test_a_request_that_ends_or_yields_keeps_the_entries_another_request_of_its_engine_lists() -> None:
+    """Two requests of one engine list the same new prefix. The second's end (its client
+    hung up) or its yield (another engine claimed the blocks first) must not end the
+    entries while the first still computes them: engines waiting for them would compute
+    them too. They end with the last request that lists them."""
+    book, _ = _book()
+    keys = prefix_keys(list(range(3 * 16)), 16)
+    book.announce(keys)  # the first request lists them (it computes them: it gave up waiting, say)
+    book.announce(keys)  # the second request too
+    assert book.ended(keys, "request 2") == 0 and book.counts["dropped"] == 0
+    assert all(pending_key(k) in book._timed for k in keys)
+    assert book.ended(keys, "request 1") == 3 and book.counts["dropped"] == 1
+    assert not book._timed
+
+    book.announce(keys)
+    book.announce(keys)
+    book.withdraw(keys)  # the second yields: the first still computes them
+    assert book.counts["yield"] == 1 and all(pending_key(k) in book._timed for k in keys)
+    assert book.ended(keys, "request 1") == 3  # still listed until then
+    book.announce(keys)
+    book.withdraw(keys)  # a request alone that yields ends them, and they are not timed
+    assert not book._timed and book.compute_s_per_block is None
+
+    # an earlier request's store of them is in flight: a yield keeps the entries for it
+    book.announce(keys)
+    book.storing(keys)
+    assert book.ended(keys, "request 1") == 0
+    book.announce(keys)
+    book.withdraw(keys)
+    assert all(pending_key(k) in book._timed for k in keys)
+    book.stored(keys)
+    assert not book._timed and book.compute_s_per_block is not None
+
+
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
     book, _ = _book()
     other = dataclasses.replace(book.info, holder_id="pending:node-b:1", node_id="node-b")
-    assert PendingBook.computing([other], book.is_mine)
-    assert not PendingBook.computing([book.info], book.is_mine)
+    assert book.others_compute([other])
+    assert not book.others_compute([book.info])
     assert book.info.medium == PENDING
-    assert not PendingBook.computing([], book.is_mine)
+    assert not book.others_compute([])
 
 
 # -- engines in their own processes ------------------------------------------------
