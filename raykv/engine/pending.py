@@ -219,9 +219,9 @@ class PendingBook:
             return self.max_wait_s
         return min(self.max_wait_s, DEADLINE_FACTOR * self.compute_s_per_block * blocks + WAIT_SLACK_S)
 
-    def others_compute(self, holders: Sequence[HolderInfo]) -> bool:
-        """Whether ``holders`` (a pending key's) name another engine than this process computing the block."""
-        return any(h.medium == PENDING and h.holder_id != self.info.holder_id for h in holders)
+    def others_compute(self, holders: Sequence[HolderInfo] | None) -> bool:
+        """Whether ``holders`` (a pending key's; None: not known) name another engine than this process computing it."""
+        return any(h.medium == PENDING and h.holder_id != self.info.holder_id for h in holders or ())
 
     # -- the entries -----------------------------------------------------------
     def announce(self, keys: Sequence[bytes], listed: bool = True) -> None:
@@ -584,19 +584,14 @@ class ComputeOnce:
         (up to ``SCAN_BLOCKS``), pending. The later ones count: an engine storing a
         prefix block by block ends ``key``'s entry before this node's view shows the
         block registered (another shard's feed), while the rest are still pending."""
-        book = self.book
-        pending = self._answers.get(pending_key(key))
-        if pending is not None and book.others_compute(pending):
+        book, answers = self.book, self._answers
+        if book.others_compute(answers.get(pending_key(key))):
             return True
         scoped = self._scoped_prefix(req_context)
         if key not in scoped:
             return False
         start = scoped.index(key) + 1
-        for k in scoped[start : start + SCAN_BLOCKS]:
-            pending = self._answers.get(pending_key(k))
-            if pending is not None and book.others_compute(pending):
-                return True
-        return False
+        return any(book.others_compute(answers.get(pending_key(k))) for k in scoped[start : start + SCAN_BLOCKS])
 
     def announce(self, key: bytes, req_context: ReqContext, claim: bool = False) -> None:
         """The request computes ``key``: list it and the request's later keys nobody

@@ -242,7 +242,7 @@ def test_only_other_engines_pending_entries_are_waited_for() -> None:
     assert book.others_compute([other])
     assert not book.others_compute([book.info])
     assert book.info.medium == PENDING
-    assert not book.others_compute([])
+    assert not book.others_compute([]) and not book.others_compute(None)  # None: holders not known
 
 
 # -- engines in their own processes ------------------------------------------------
