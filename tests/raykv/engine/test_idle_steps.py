@@ -8,6 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
+from raykv.engine import idle_steps as idle_steps_module
 from raykv.engine.idle_steps import FIRST_PAUSE_S, MAX_LIVE, MAX_PAUSE_S, STREAK_GAP_S, IdleSteps
 from raykv.metrics.step_cost import COUNTS, StepCost
 
@@ -115,25 +116,31 @@ def test_an_idle_pause_is_not_counted_as_raykv_step_cost() -> None:
     assert snap["tier_seconds"] == pytest.approx(50e-6, abs=1e-9)
 
 
-def test_a_claims_answer_ends_the_pause_at_once() -> None:
-    """A request held for its claim's answer computes (or waits) as soon as it comes."""
-    steps = IdleSteps(lambda: True)
-    for _ in range(9):  # the pause has grown to its longest
+def test_a_claims_answer_ends_the_pause_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request held for its claim's answer computes (or waits) as soon as it comes.
+    The longest pause is raised to 5 s, so that the answer's thread waking up late on a
+    loaded host (tens of ms) cannot pass for a pause that ran its course."""
+    monkeypatch.setattr(idle_steps_module, "MAX_PAUSE_S", 5.0)
+    clock = Clock()
+    steps = idle_steps(clock)  # the steps without a claim sleep on the test's clock
+    for _ in range(13):  # the pause has grown to its longest
         steps.held("a")
         steps.step_end()
+    assert clock.slept[-1] == pytest.approx(5.0)
     claim: Future[int] = Future()
     steps.held("a", claim)
     timer = threading.Timer(0.002, claim.set_result, (0,))
     timer.start()
     t0 = time.perf_counter()
-    assert steps.step_end() == pytest.approx(MAX_PAUSE_S)
+    assert steps.step_end() == pytest.approx(5.0)
     took = time.perf_counter() - t0
+    assert claim.done()  # it paused until the answer came...
     timer.join()
-    assert took < MAX_PAUSE_S, took
+    assert took < 2.5, took  # ...and no longer
     steps.held("a", claim)  # answered already: no pause at all
     t0 = time.perf_counter()
     steps.step_end()
-    assert time.perf_counter() - t0 < MAX_PAUSE_S / 2
+    assert time.perf_counter() - t0 < 2.5
 
 
 def test_live_requests_are_bounded() -> None:
