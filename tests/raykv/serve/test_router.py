@@ -2,7 +2,7 @@
 three-node ``ray.cluster_utils.Cluster``, at most one replica per node: each engine
 registers its own node and stores through that node's object store actor, follow-up
 turns go to the replica whose engine holds their prefix, an overloaded replica is
-skipped, a killed replica's engine
+skipped and taken again once its requests are cancelled, a killed replica's engine
 entries leave the directory at once and routing never picks it again, and a replica
 added to the running app (``num_replicas`` raised through Serve's external scaling
 REST API, the dashboard's ``/scale`` endpoint) gets its first request's prefix
@@ -316,6 +316,21 @@ def test_a_request_is_routed_away_from_an_overloaded_replica(routed_app) -> None
         owners = _holders_of_block(app, prompt, 8)
     assert owners and busy not in owners, "the overloaded replica took the request"
     assert _cached(resp) >= TURN  # and it still found the prefix, from raykv
+    # The client hung up on the two long requests: Serve cancels them, and the router's
+    # books (Serve's on_request_completed, called for cancelled requests too) count them
+    # no more. So the next request that the busy replica's engine holds the most of
+    # (the loads' own block 5) goes there again; two requests still counted would make
+    # the replica overloaded and send it away, as above.
+    replica = ray.get_actor(_replica_owners()[busy], namespace="serve")
+    deadline = time.monotonic() + 60
+    # Serve's replica actor's own count, what Serve's probes read (Ray 2.60; no public API).
+    while ray.get(replica.get_num_ongoing_requests.remote(), timeout=30) > 0:
+        assert time.monotonic() < deadline, "the replica kept running the cancelled requests"
+        time.sleep(0.1)
+    time.sleep(2)  # the router hears each end from its replica's stream, within milliseconds
+    again = loads[0] + make_prompt_tokens(BLOCK, 6000)
+    _complete(again)
+    assert _holders_of_block(app, again, 6) == {busy}, "cancelled requests still count on their replica"
 
 
 def test_a_killed_replica_leaves_the_directory_and_routing(routed_app) -> None:
