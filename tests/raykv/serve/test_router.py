@@ -30,6 +30,7 @@ from raykv.demo.tiny_model import make_prompt_tokens
 from raykv.integrations.vllm.hashing import block_hashes
 from raykv.ops.status import collect_status
 from raykv.serve.routing import EngineLayout, request_keys
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.serve]
 
@@ -322,11 +323,12 @@ def test_a_request_is_routed_away_from_an_overloaded_replica(routed_app) -> None
     # (the loads' own block 5) goes there again; two requests still counted would make
     # the replica overloaded and send it away, as above.
     replica = ray.get_actor(_replica_owners()[busy], namespace="serve")
-    deadline = time.monotonic() + 60
     # Serve's replica actor's own count, what Serve's probes read (Ray 2.60; no public API).
-    while ray.get(replica.get_num_ongoing_requests.remote(), timeout=30) > 0:
-        assert time.monotonic() < deadline, "the replica kept running the cancelled requests"
-        time.sleep(0.1)
+    wait_until(
+        lambda: ray.get(replica.get_num_ongoing_requests.remote(), timeout=30) == 0,
+        timeout_s=60,
+        what="the busy replica to end the cancelled requests",
+    )
     time.sleep(2)  # the router hears each end from its replica's stream, within milliseconds
     again = loads[0] + make_prompt_tokens(BLOCK, 6000)
     _complete(again)
