@@ -97,6 +97,8 @@ class ReqContext:
     #: The scoped keys it announced; its claim on the first of them (the shard's
     #: answer: other engines that claimed it first), and how long it waits for it.
     pending_keys: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
+    #: The scoped keys it computes unlisted (``short``): timed only, forgotten at its end.
+    pending_timed_keys: tuple[bytes, ...] = field(default=(), repr=False, compare=False)
     pending_claim: Future[int] | None = field(default=None, repr=False, compare=False)
     pending_claim_until: float | None = field(default=None, repr=False, compare=False)
 

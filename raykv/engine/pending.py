@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from types import ModuleType
-from typing import NamedTuple, cast
+from typing import cast
 
 import ray
 from ray.actor import ActorClass, ActorHandle
@@ -68,6 +68,7 @@ from raykv.core.keys import pending_key
 from raykv.core.naming import OWNER_ENV
 from raykv.core.wire import PENDING, HolderInfo
 from raykv.directory.client import DirectoryClient, LookupCache
+from raykv.engine.announced import AnnouncedBlocks
 from raykv.engine.idle_steps import IdleSteps
 from raykv.holders import pending as pending_holder
 from raykv.metrics.catalog import record
@@ -108,25 +109,8 @@ LISTING_PAYS_SHARE = 0.025
 SAMPLES = 15
 #: Weight of the newest sample in the running estimates.
 EWMA = 0.3
-#: Most announced keys remembered for timing (oldest dropped first).
-MAX_TIMED = 65_536
 #: What the decisions are counted as (``raykv_pending_decisions``).
 DECISIONS = ("announce", "claim", "short", "wait", "compute", "loaded", "gave_up", "yield", "dropped")
-
-
-class _Timed(NamedTuple):
-    """What a book remembers of one block it announced."""
-
-    announced: float  # when (the book's clock)
-    place: int  # its place in its request's announcement (1-based)
-    listed: bool  # listed in the directory (else only timed: ``short``)
-    released: float  # when its request was released to compute it
-    storing: int = 0  # stores of it handed to this process's tiers and not ended
-    listers: int = 0  # live requests of this process that listed it and compute it
-
-
-#: A block this process has not announced (yet): not listed, no store in flight.
-_UNSEEN = _Timed(0.0, 0, False, 0.0)
 
 
 class PendingBook:
@@ -152,7 +136,7 @@ class PendingBook:
         self._actor: ActorHandle | None = None
         self._lock = threading.Lock()
         #: pending key -> what the book remembers of its announcement
-        self._timed: dict[bytes, _Timed] = {}
+        self.announced = AnnouncedBlocks()
         self.compute_s_per_block: float | None = None
         #: The prefill alone, per block (``SAMPLES``; None: not measured yet).
         self._prefill = LowerMedian(SAMPLES)
@@ -231,28 +215,22 @@ class PendingBook:
         if not keys:
             return
         pks = [pending_key(k) for k in keys]
-        now = self._clock()
         with self._lock:
-            for i, pk in enumerate(pks, 1):  # what another request of this process listed or is storing stays
-                seen = self._timed.get(pk, _UNSEEN)
-                self._timed[pk] = _Timed(now, i, listed or seen.listed, now, seen.storing, seen.listers + listed)
-            while len(self._timed) > MAX_TIMED:
-                del self._timed[next(iter(self._timed))]
+            forgotten = self.announced.add(pks, self._clock(), listed)
         self.count("announce" if listed else "short")
-        actor = self._handle() if listed else None
+        actor = self._handle() if listed or forgotten else None
         if actor is not None:
-            actor.announce.remote(pks, self.deadline_s(len(pks)))
+            if forgotten:
+                actor.drop.remote(forgotten)
+            if listed:
+                actor.announce.remote(pks, self.deadline_s(len(pks)))
 
     def released(self, keys: Sequence[bytes]) -> None:
         """The request that announced ``keys`` (scoped tier keys) stops holding back for
         its claim and computes them now: their prefill is timed from here."""
         now = self._clock()
         with self._lock:
-            for k in keys:
-                pk = pending_key(k)
-                seen = self._timed.get(pk)
-                if seen is not None:
-                    self._timed[pk] = seen._replace(released=now)
+            self.announced.release([pending_key(k) for k in keys], now)
 
     def stored(self, keys: Sequence[bytes], submitted: float | None = None) -> None:
         """Blocks of ``keys`` (scoped tier keys) stored, handed to the tier at ``submitted``
@@ -266,7 +244,7 @@ class PendingBook:
         with self._lock:
             for k in keys:
                 pk = pending_key(k)
-                seen = self._timed.pop(pk, None)
+                seen = self.announced.pop(pk)
                 if seen is not None:
                     per_block.append((now - seen.announced) / seen.place)
                     if submitted is not None and submitted > seen.released:
@@ -288,9 +266,7 @@ class PendingBook:
         their request. ``change=-1``: that store failed; vLLM hands a block's store to a
         tier once, so a block with no other store in flight ends its entry now (``ended``)."""
         with self._lock:
-            for pk in map(pending_key, keys):
-                if (seen := self._timed.get(pk)) is not None:
-                    self._timed[pk] = seen._replace(storing=max(0, seen.storing + change))
+            self.announced.storing([pending_key(k) for k in keys], change)
         if change < 0:
             self.ended(keys, "a failed store", request=False)
 
@@ -304,18 +280,16 @@ class PendingBook:
             logger.debug("raykv: %s leaves %d listed blocks unstored: their entries end", why, len(gone))
         return len(gone)
 
+    def untimed(self, keys: Sequence[bytes]) -> None:
+        """The request that computed ``keys`` (scoped) unlisted (``short``) ended: blocks
+        no store in flight, other request or listing keeps are forgotten, untimed."""
+        with self._lock:
+            self.announced.untime([pending_key(k) for k in keys])
+
     def _end(self, keys: Sequence[bytes], request: bool) -> list[bytes]:
         """End the entries of ``keys`` (scoped) kept by no store in flight and no other lister (``ended``)."""
-        gone: list[bytes] = []
         with self._lock:
-            for pk in map(pending_key, keys):
-                if (seen := self._timed.get(pk)) is None:
-                    continue
-                seen = seen._replace(listers=max(0, seen.listers - request))
-                if seen.storing or (request and seen.listers):
-                    self._timed[pk] = seen
-                elif self._timed.pop(pk).listed:
-                    gone.append(pk)
+            gone = self.announced.end([pending_key(k) for k in keys], request)
         if gone and (actor := self._handle()) is not None:
             actor.drop.remote(gone)
         return gone
@@ -524,6 +498,8 @@ class ComputeOnce:
         self.book.idle.finished(req_context.req_id)
         keys, req_context.pending_keys = req_context.pending_keys, ()
         self.book.ended(keys, f"request {req_context.req_id}")
+        timed, req_context.pending_timed_keys = req_context.pending_timed_keys, ()
+        self.book.untimed(timed)
 
     @staticmethod
     def waiting(req_context: ReqContext) -> bool:
@@ -608,6 +584,7 @@ class ComputeOnce:
         req_context.pending_announced = True
         if not self.book.listing_pays(len(keys)):
             self.book.announce(keys, listed=False)  # timed, for the estimates
+            req_context.pending_timed_keys = tuple(keys)
             logger.debug(
                 "raykv: %s computes %d blocks, too few to list (prefill %s s/block, a claim's round trip %s s)",
                 req_context.req_id,

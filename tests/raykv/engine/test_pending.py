@@ -179,9 +179,9 @@ def test_a_request_that_ends_drops_the_entries_it_handed_no_store_for() -> None:
     book.storing(keys[:2])
     book.storing(keys[:1])  # a second tier's store of the first block
     book.storing(keys[:2], change=-1)
-    assert book.counts["dropped"] == 2 and pending_key(keys[1]) not in book._timed
+    assert book.counts["dropped"] == 2 and pending_key(keys[1]) not in book.announced
     assert book.ended(keys) == 2  # the request ends: the two never handed over
-    assert pending_key(keys[0]) in book._timed  # its other store is still in flight
+    assert pending_key(keys[0]) in book.announced  # its other store is still in flight
 
 
 def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_flight() -> None:
@@ -195,11 +195,11 @@ def test_a_second_request_announcing_a_block_being_stored_keeps_its_store_in_fli
     book.storing(keys)  # the first request's store is in flight
     book.announce(keys)  # the second request computes the same blocks
     assert book.ended(keys) == 0 and book.counts["dropped"] == 0
-    assert all(pending_key(k) in book._timed for k in keys)
+    assert all(pending_key(k) in book.announced for k in keys)
     # a second request that computes them unlisted (``short``) keeps the first one's listing:
     # the store still ends the directory's entries
     book.announce(keys, listed=False)
-    assert all(book._timed[pending_key(k)].listed for k in keys)
+    assert all(book.announced[pending_key(k)].listed for k in keys)
 
 
 def test_a_request_that_ends_or_yields_keeps_the_entries_another_request_of_its_engine_lists() -> None:
@@ -212,18 +212,18 @@ def test_a_request_that_ends_or_yields_keeps_the_entries_another_request_of_its_
     book.announce(keys)  # the first request lists them (it computes them: it gave up waiting, say)
     book.announce(keys)  # the second request too
     assert book.ended(keys, "request 2") == 0 and book.counts["dropped"] == 0
-    assert all(pending_key(k) in book._timed for k in keys)
+    assert all(pending_key(k) in book.announced for k in keys)
     assert book.ended(keys, "request 1") == 3 and book.counts["dropped"] == 1
-    assert not book._timed
+    assert not book.announced
 
     book.announce(keys)
     book.announce(keys)
     book.withdraw(keys)  # the second yields: the first still computes them
-    assert book.counts["yield"] == 1 and all(pending_key(k) in book._timed for k in keys)
+    assert book.counts["yield"] == 1 and all(pending_key(k) in book.announced for k in keys)
     assert book.ended(keys, "request 1") == 3  # still listed until then
     book.announce(keys)
     book.withdraw(keys)  # a request alone that yields ends them, and they are not timed
-    assert not book._timed and book.compute_s_per_block is None
+    assert not book.announced and book.compute_s_per_block is None
 
     # an earlier request's store of them is in flight: a yield keeps the entries for it
     book.announce(keys)
@@ -231,9 +231,43 @@ def test_a_request_that_ends_or_yields_keeps_the_entries_another_request_of_its_
     assert book.ended(keys, "request 1") == 0
     book.announce(keys)
     book.withdraw(keys)
-    assert all(pending_key(k) in book._timed for k in keys)
+    assert all(pending_key(k) in book.announced for k in keys)
     book.stored(keys)
-    assert not book._timed and book.compute_s_per_block is not None
+    assert not book.announced and book.compute_s_per_block is not None
+
+
+def test_a_block_computed_unlisted_is_forgotten_with_its_request() -> None:
+    """A request that computes a few blocks unlisted (``short``) and ends without a
+    store of them (its client hung up) leaves nothing in the book: no store will time
+    them. A store in flight, another request computing them, or another request's
+    listing keeps them."""
+    book, _ = _book()
+    keys = prefix_keys(list(range(2 * 16)), 16)
+    book.announce(keys, listed=False)
+    book.untimed(keys)
+    assert not book.announced
+    book.announce(keys, listed=False)
+    book.storing(keys[:1])
+    book.untimed(keys)
+    assert list(book.announced) == [pending_key(keys[0])]  # its store in flight still times it
+    book.stored(keys[:1])
+    assert not book.announced and book.compute_s_per_block is not None
+    book.announce(keys, listed=False)
+    book.announce(keys, listed=False)  # a second request computes them too
+    book.untimed(keys)
+    assert len(book.announced) == 2
+    book.untimed(keys)
+    assert not book.announced
+    book.announce(keys)  # another request lists them: its end, not this one's, ends them
+    book.announce(keys, listed=False)
+    book.untimed(keys)
+    assert all(book.announced[pending_key(k)].listed for k in keys)
+    assert book.ended(keys) == 2 and not book.announced
+    book.announce(keys)
+    book.announce(keys, listed=False)  # the lister ends first: the listing ends, the timing stays
+    assert book.ended(keys) == 2 and not any(t.listed for t in book.announced.values())
+    book.untimed(keys)
+    assert not book.announced
 
 
 def test_only_other_engines_pending_entries_are_waited_for() -> None:
@@ -321,6 +355,16 @@ class Engine:
         if claim_rtt_s is not None:
             book._claim_rtt.set(claim_rtt_s)
         ray.get(book._handle().ready.remote(), timeout=30)
+
+    def forget_past(self, blocks: int) -> None:
+        """Bound this process's book to ``blocks`` announced blocks (``MAX_TIMED``)."""
+        import raykv.engine.announced
+
+        raykv.engine.announced.MAX_TIMED = blocks
+
+    def timed(self) -> int:
+        """How many announced blocks this process's book remembers."""
+        return len(self.tier._pending.book.announced)
 
     def claims_timed(self) -> int:
         """How many claims' round trips this process's estimate holds."""
@@ -523,6 +567,40 @@ def test_a_few_blocks_are_computed_without_listing_them(services) -> None:
         wait_until(lambda: all(_pending_holders(services, many)), timeout_s=10, what="the long prefix's entries")
         wait_until(lambda: ray.get(a.claims_timed.remote()) == 2, timeout_s=10, what="the claim's round trip")
         assert ray.get(a.store.remote(few)) and ray.get(a.store.remote(many))
+    finally:
+        ray.get(a.close.remote())
+
+
+def test_a_few_blocks_that_end_unstored_are_forgotten(services) -> None:
+    """A request that computes a few blocks unlisted (``short``) and ends without
+    storing them (its client hung up): the engine's book forgets them at its end."""
+    a = Engine.remote("raykv-pending")
+    few = prefix_keys(list(range(48_000, 48_000 + 2 * 16)), 16)
+    try:
+        ray.get(a.measured.remote(0.1, claim_rtt_s=0.02))
+        assert _settled(a, few, "a-short")[0] == ["MISS"]
+        assert ray.get(a.decisions.remote())["short"] == 1 and ray.get(a.timed.remote()) == 2
+        ray.get(a.finish.remote("a-short"))
+        assert ray.get(a.timed.remote()) == 0
+    finally:
+        ray.get(a.close.remote())
+
+
+def test_listed_blocks_the_book_forgets_end_their_entries(services) -> None:
+    """Past ``MAX_TIMED`` announced blocks, an engine's book forgets the oldest. A
+    listed one's entry ends then (waiters compute), rather than at its deadline (a
+    minute here): the book would not end it at its store any more."""
+    a = Engine.remote("raykv-pending")
+    old = prefix_keys(list(range(49_000, 49_000 + 4 * 16)), 16)
+    new = prefix_keys(list(range(49_500, 49_500 + 4 * 16)), 16)
+    try:
+        assert _settled(a, old, "a-old")[0] == ["MISS"]
+        wait_until(lambda: all(_pending_holders(services, old)), timeout_s=10, what="the old blocks' entries")
+        ray.get(a.forget_past.remote(4))
+        assert _settled(a, new, "a-new")[0] == ["MISS"]
+        wait_until(lambda: not any(_pending_holders(services, old)), timeout_s=10, what="the old entries to end")
+        wait_until(lambda: all(_pending_holders(services, new)), timeout_s=10, what="the new blocks' entries")
+        assert ray.get(a.timed.remote()) == 4
     finally:
         ray.get(a.close.remote())
 
