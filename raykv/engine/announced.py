@@ -51,8 +51,8 @@ class AnnouncedBlocks(Mapping[bytes, Announced]):
         """A request computes ``pks`` (in prefix order) from ``now``, ``listed`` or not.
         What another request listed or is storing stays. Returns the listed blocks
         forgotten past ``MAX_TIMED``: their entries should end, as no store will end them."""
-        for i, pk in enumerate(pks, 1):
-            seen = self._blocks.get(pk, _UNSEEN)
+        for i, pk in enumerate(pks, 1):  # (popped: a block announced again is among the newest)
+            seen = self._blocks.pop(pk, _UNSEEN)
             self._blocks[pk] = Announced(
                 now, i, listed or seen.listed, now, seen.storing, seen.listers + listed, seen.timers + (not listed)
             )

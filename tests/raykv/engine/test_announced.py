@@ -19,6 +19,8 @@ def test_the_oldest_blocks_are_forgotten_past_the_bound(monkeypatch: pytest.Monk
     assert list(blocks) == [B, C]
     assert blocks.add([A], 4.0, listed=True) == []  # B was only timed: nothing to end
     assert list(blocks) == [C, A]
+    blocks.add([C], 5.0, listed=False)  # announced again: C is now the newest
+    assert blocks.add([B], 6.0, listed=False) == [A] and list(blocks) == [C, B]
 
 
 def test_a_block_is_kept_by_its_stores_and_its_live_requests() -> None:
