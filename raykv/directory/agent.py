@@ -53,9 +53,11 @@ FEED_WAIT_S = 10.0
 #: calls instead. Replica lag is at most about this plus a round trip (target: 100 ms at p99):
 #: on the bench trace 85 ms gave lag p99 85-88 ms; 20 ms gave 28 ms but ~3x the calls.
 FEED_INTERVAL_S = 0.085
-#: Windows with only holders' registrations and evictions (nobody waits on them) are sent at
-#: most once per this long (a lookup closes a window after ``agent_window_ms``). Their calls
-#: bring the feed pages too, so this is also the replica lag of a busy node.
+#: Windows with only holders' registrations and evictions are sent at most once per this long
+#: (a lookup closes a window after ``agent_window_ms``). Their calls bring the feed pages too, so
+#: this is also the replica lag of a busy node. A tier's store job answers after its registration,
+#: so a store waits up to this long: sending those sooner cost 3-4x the calls per shard
+#: (docs/PERFORMANCE.md, "Store jobs wait for the agent's changes-only window").
 CHANGE_WINDOW_S = 0.085
 #: Pause before following a shard again after its call failed (it is down or restarting).
 RETRY_PAUSE_S = 0.2
